@@ -1,0 +1,181 @@
+"""The ``vllm-triage`` command: a thin map from subcommands onto the core and the shell.
+
+Exit codes: 0 it ran; 1 the input could not be used (a recording, a target); 2 the
+command line or the settings are wrong. Errors are one clear line on stderr, never a
+traceback, unless it is a bug of ours.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from daemon import __version__, ceiling_cmd
+from daemon.errors import ConfigError, RecordingError
+from daemon.logs import configure
+
+EPILOG = """\
+examples:
+  vllm-triage demo                                  watch the diagnosis on a simulated tour
+  vllm-triage record http://127.0.0.1:8000/metrics --out rec/ --interval 5 --duration 600
+  vllm-triage replay rec/ --config triage.yaml --format json
+  vllm-triage ceiling --parameters-billion 8 --dtype bfloat16 --gpu H100
+  vllm-triage check-config --config triage.yaml
+
+Settings come from rules/defaults.yaml, then --config FILE, then VLLM_TRIAGE_* variables
+(nested keys with __, e.g. VLLM_TRIAGE_SLO__TTFT_P99_SECONDS=1.5).
+"""
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+def _add_record(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "record",
+        help="save a target's /metrics, one file per scrape, for replay",
+        description=(
+            "Scrape URL every --interval seconds and write each raw body to "
+            "DIR/<unix_time_ms>.prom. A failed scrape is logged and skipped; the "
+            "recording goes on. Without --duration it runs until Ctrl-C."
+        ),
+    )
+    p.add_argument("url", help="the vLLM server's metrics URL, e.g. http://127.0.0.1:8000/metrics")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write into (created)")
+    p.add_argument("--interval", type=_positive, default=5.0, metavar="S", help="seconds between scrapes (default 5)")
+    p.add_argument("--duration", type=_positive, default=None, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
+    p.add_argument("--timeout", type=_positive, default=None, metavar="S", help="per-scrape timeout (default: the interval, at most 10 s)")
+    p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, metavar="N", help="refuse bodies larger than this (default 16 MiB)")
+    p.set_defaults(func=_run_record)
+
+
+def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="run the diagnosis over a recording and print every incident transition",
+        description=(
+            "Run the diagnosis core over a recording made by `record`, in file-name order, "
+            "using the file names as scrape times, and print every incident transition "
+            "(firing, resolved). Unreadable files are reported on stderr and skipped."
+        ),
+    )
+    p.add_argument("directory", metavar="DIR", help="a folder of <unix_time_ms>.prom files")
+    p.add_argument("--config", metavar="FILE", help="YAML settings (SLOs, hardware, model, thresholds)")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="text for people, json for one object per line (default text)")
+    p.add_argument("--strict", action="store_true", help="exit 1 if any file could not be used")
+    p.set_defaults(func=_run_replay)
+
+
+def _add_check_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "check-config",
+        help="validate settings and print the effective values",
+        description="Load rules/defaults.yaml, --config FILE and VLLM_TRIAGE_* variables; print the result as JSON or the errors.",
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML settings file")
+    p.set_defaults(func=_run_check_config)
+
+
+def _run_record(args: argparse.Namespace) -> int:
+    from daemon.record import record
+
+    stats = record(
+        args.url,
+        args.out,
+        interval=args.interval,
+        duration=args.duration,
+        timeout=args.timeout,
+        max_body_bytes=args.max_body_bytes,
+    )
+    return 0 if stats.written else 1
+
+
+def _run_replay(args: argparse.Namespace) -> int:
+    from daemon.evaluate import Evaluation
+    from daemon.replay import replay
+    from daemon.report import transition_json, transition_text
+    from daemon.rulebook import build_evaluator
+    from daemon.settings import load_settings
+
+    evaluator = build_evaluator(load_settings(args.config))
+    files = skipped = transitions = 0
+    for item in replay(args.directory, evaluator):
+        files += 1
+        if not isinstance(item, Evaluation):
+            skipped += 1
+            print(f"skipped {item.path.name}: {item.reason}", file=sys.stderr)
+            continue
+        for t in item.transitions:
+            transitions += 1
+            print(transition_json(t) if args.format == "json" else transition_text(t), flush=True)
+    if args.format == "text":
+        print(
+            f"replayed {files} files ({skipped} skipped): {transitions} transitions",
+            file=sys.stderr,
+        )
+    return 1 if args.strict and skipped else 0
+
+
+def _run_check_config(args: argparse.Namespace) -> int:
+    from daemon.rulebook import build_rulebook
+    from daemon.settings import load_settings
+
+    settings = load_settings(args.config)
+    rulebook = build_rulebook(settings)  # resolves the GPU and reads config.json too
+    print(settings.model_dump_json(indent=2))
+    if rulebook.ceiling is not None:
+        c = rulebook.ceiling
+        print(f"decode ceiling: {c.tokens_per_second:.1f} tok/s per stream on {c.gpu}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-triage",
+        description=(
+            "Tells why a vLLM server is slow (prefill-bound, decode-bound, queue-bound or "
+            "KV pressure) from its Prometheus /metrics, with the evidence and the fix."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"vllm-triage {__version__}")
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_record(sub)
+    _add_replay(sub)
+    ceiling_cmd.add_parser(sub)
+    _add_check_config(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    configure(args.log_level)
+    try:
+        code: int = args.func(args)
+    except ConfigError as exc:
+        print(f"vllm-triage: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except RecordingError as exc:
+        print(f"vllm-triage: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""Signals -> Diagnosis: which SLO is breached, and why, following the physics.
+
+Symptoms (what the user feels) are checked against the SLO: TTFT p99, ITL p99, sustained
+waiting, and preemptions while the KV cache is tight. The *cause* is then chosen in causal
+order (design.md, "Diagnosis"; domain.md): KV pressure makes requests wait, waiting
+inflates TTFT, and a long prefill stalls every decoding stream, so an earlier cause
+explains a later symptom and wins:
+
+1. ``kv_pressure``: requests wait or are preempted while the pool has room for less than
+   one more request of the current average size (headroom counted in requests, not a
+   fixed usage cut-off: in a small pool long requests leave it "full" well below 90 %).
+2. ``queue_bound``: requests wait while the pool has room (a sequence or batch cap), or
+   queue time is most of TTFT.
+3. ``prefill_bound``: TTFT breached with the queue not to blame; or ITL breached while
+   most engine time goes to prefill (prefill interference: the prompts, not decode).
+4. ``decode_bound``: ITL breached, split by the decode-ceiling ratio into "at the
+   hardware limit" and "below it: the serving stack".
+
+Pure: the same ``Signals`` and ``Rulebook`` always give the same ``Diagnosis``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from daemon.model import CAUSES, Cause, Diagnosis, Quantile, Signals
+from daemon.settings import Slo, Thresholds
+
+
+@dataclass(frozen=True, slots=True)
+class Ceiling:
+    """The single-stream decode ceiling of the target's hardware and model."""
+
+    gpu: str
+    memory_bandwidth_gb_s: float
+    weight_bytes_per_token: float
+    tokens_per_second: float
+
+
+@dataclass(frozen=True, slots=True)
+class Rulebook:
+    """Everything the classifier reads besides the signals, resolved once at start-up."""
+
+    slo: Slo
+    thresholds: Thresholds
+    remediation: Mapping[Cause, tuple[str, ...]]
+    ceiling: Ceiling | None = None
+
+
+def _value(q: Quantile | None) -> float | None:
+    return q.value if q is not None else None
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """The derived numbers every cause is judged on; computed once per evaluation."""
+
+    ttft_breach: bool
+    itl_breach: bool
+    waiting: float
+    waiting_sustained: bool
+    preempting: bool
+    kv_headroom_requests: float | None
+    kv_tight: bool | None
+    queue_share: float | None
+    prefill_share: float | None
+    ceiling_ratio: float | None
+
+
+def _facts(s: Signals, rules: Rulebook) -> _Facts:
+    slo, th = rules.slo, rules.thresholds
+    ttft, itl = _value(s.ttft_p99), _value(s.itl_p99)
+    waiting = s.waiting_mean or 0.0
+    headroom: float | None = None
+    if s.kv_pool_tokens and s.kv_usage_mean is not None and s.running_mean:
+        used = s.kv_usage_mean * s.kv_pool_tokens
+        per_request = used / s.running_mean
+        if per_request > 0:
+            headroom = (s.kv_pool_tokens - used) / per_request
+    kv_tight: bool | None
+    if headroom is not None:
+        kv_tight = headroom < th.kv_headroom_requests
+    elif s.kv_usage_max is not None:
+        kv_tight = s.kv_usage_max >= th.kv_usage_full
+    else:
+        kv_tight = None
+    ratio = None
+    if rules.ceiling is not None and s.decode_tokens_per_second_per_stream is not None:
+        ratio = s.decode_tokens_per_second_per_stream / rules.ceiling.tokens_per_second
+    return _Facts(
+        ttft_breach=ttft is not None and ttft > slo.ttft_p99_seconds,
+        itl_breach=itl is not None and itl > slo.itl_p99_seconds,
+        waiting=waiting,
+        waiting_sustained=waiting >= slo.waiting_requests,
+        preempting=(s.preemptions_per_second or 0.0) > 0.0,
+        kv_headroom_requests=headroom,
+        kv_tight=kv_tight,
+        queue_share=_ratio(s.queue_time_mean, s.ttft_mean),
+        prefill_share=s.prefill_time_share,
+        ceiling_ratio=ratio,
+    )
+
+
+def _breaches(f: _Facts) -> tuple[str, ...]:
+    out = []
+    if f.ttft_breach:
+        out.append("ttft_p99")
+    if f.itl_breach:
+        out.append("itl_p99")
+    if f.waiting_sustained:
+        out.append("waiting")
+    if f.preempting and f.kv_tight is not False:
+        out.append("kv_preemptions")
+    return tuple(out)
+
+
+def _checks(cause: Cause, f: _Facts, th: Thresholds) -> list[bool | None]:
+    """The independent signals that support a cause; ``None`` where the data is missing.
+
+    A cause is a candidate when its deciding check (the first one) holds; the fraction of
+    its checks that hold is its confidence (a missing one counts half).
+
+    Requests also wait when the engine is saturated by prefill work (a flood of long
+    prompts uses the whole per-step token budget): that backlog is prefill-bound, not a
+    sequence cap, so ``queue_bound`` gives way when prefill dominates engine time.
+    """
+    queue_dominant = None if f.queue_share is None else f.queue_share >= th.queue_share_of_ttft
+    prefill_dominant = (
+        None if f.prefill_share is None else f.prefill_share >= th.prefill_dominant_share
+    )
+    room = None if f.kv_tight is None else not f.kv_tight
+    if cause == "kv_pressure":
+        return [
+            f.preempting or ((f.waiting > 0) and f.kv_tight is True),
+            f.kv_tight,
+            f.preempting,
+            f.waiting > 0,
+        ]
+    if cause == "queue_bound":
+        waits = f.waiting_sustained and room is not False
+        return [
+            (waits or (f.ttft_breach and queue_dominant is True)) and prefill_dominant is not True,
+            room,
+            f.waiting_sustained,
+            queue_dominant,
+            None if prefill_dominant is None else not prefill_dominant,
+        ]
+    if cause == "prefill_bound":
+        ttft_side = f.ttft_breach and (queue_dominant is not True or prefill_dominant is True)
+        backlog = f.waiting_sustained and prefill_dominant is True and room is not False
+        interference = f.itl_breach and prefill_dominant is True
+        return [
+            ttft_side or backlog or interference,
+            prefill_dominant,
+            None if f.queue_share is None else not queue_dominant or prefill_dominant,
+        ]
+    # decode_bound
+    return [
+        f.itl_breach and prefill_dominant is not True,
+        None if prefill_dominant is None else not prefill_dominant,
+        None if f.ceiling_ratio is None else True,
+    ]
+
+
+def _confidence(checks: list[bool | None]) -> float:
+    score = sum(1.0 if c is True else 0.5 if c is None else 0.0 for c in checks)
+    return round(score / len(checks), 2)
+
+
+def _evidence(s: Signals, f: _Facts, rules: Rulebook) -> dict[str, float | int | str | bool | None]:
+    ev: dict[str, float | int | str | bool | None] = {
+        "window_seconds": s.span_seconds,
+        "ttft_p99_seconds": _value(s.ttft_p99),
+        "ttft_p99_position": s.ttft_p99.position if s.ttft_p99 else None,
+        "ttft_p99_slo_seconds": rules.slo.ttft_p99_seconds,
+        "ttft_mean_seconds": s.ttft_mean,
+        "itl_p99_seconds": _value(s.itl_p99),
+        "itl_p99_position": s.itl_p99.position if s.itl_p99 else None,
+        "itl_p99_slo_seconds": rules.slo.itl_p99_seconds,
+        "itl_mean_seconds": s.itl_mean,
+        "requests_waiting_mean": s.waiting_mean,
+        "requests_waiting_max": s.waiting_max,
+        "requests_running_mean": s.running_mean,
+        "kv_usage_mean": s.kv_usage_mean,
+        "kv_usage_max": s.kv_usage_max,
+        "kv_pool_tokens": s.kv_pool_tokens,
+        "kv_headroom_requests": f.kv_headroom_requests,
+        "preemptions_per_second": s.preemptions_per_second,
+        "queue_time_mean_seconds": s.queue_time_mean,
+        "queue_share_of_ttft": f.queue_share,
+        "prefill_time_mean_seconds": s.prefill_time_mean,
+        "prefill_time_share": f.prefill_share,
+        "mean_prompt_tokens": s.mean_prompt_tokens,
+        "prompt_tokens_per_second": s.prompt_tokens_per_second,
+        "generation_tokens_per_second": s.generation_tokens_per_second,
+        "decode_tokens_per_second_per_stream": s.decode_tokens_per_second_per_stream,
+    }
+    if rules.ceiling is not None:
+        ev["gpu"] = rules.ceiling.gpu
+        ev["decode_ceiling_tokens_per_second"] = rules.ceiling.tokens_per_second
+        ev["decode_ceiling_ratio"] = f.ceiling_ratio
+    # A NaN from a broken target must not reach JSON output or a webhook as "NaN".
+    return {
+        k: (round(v, 6) if isinstance(v, float) else v)
+        for k, v in ev.items()
+        if v is not None and not (isinstance(v, float) and not math.isfinite(v))
+    }
+
+
+def _fmt(x: float | None, unit: str = "", digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}g}{unit}"
+
+
+def _summary(cause: Cause, s: Signals, f: _Facts, rules: Rulebook) -> tuple[str, str | None]:
+    """One line a person can act on, and (for decode) which limit was hit."""
+    slo = rules.slo
+    if cause == "kv_pressure":
+        room = (
+            f"room for {f.kv_headroom_requests:.1f} more requests"
+            if f.kv_headroom_requests is not None
+            else f"{_fmt(s.kv_usage_max and s.kv_usage_max * 100, '%', 3)} used"
+        )
+        return (
+            f"KV cache full ({room}): {f.waiting:.1f} requests waiting, "
+            f"{_fmt(s.preemptions_per_second, '/s')} preemptions",
+            None,
+        )
+    if cause == "queue_bound":
+        share = f"queue time {f.queue_share:.0%} of TTFT, " if f.queue_share is not None else ""
+        return (
+            f"requests wait to start while KV has room: {f.waiting:.1f} waiting, {share}"
+            f"KV {_fmt(s.kv_usage_mean and s.kv_usage_mean * 100, '%', 3)} used",
+            None,
+        )
+    if cause == "prefill_bound":
+        if not f.ttft_breach and f.itl_breach:
+            return (
+                f"ITL p99 {_fmt(_value(s.itl_p99), ' s')} > SLO {slo.itl_p99_seconds:g} s while "
+                f"{_fmt(f.prefill_share and f.prefill_share * 100, '%', 3)} of engine time is "
+                "prefill: prefill interference",
+                None,
+            )
+        return (
+            f"TTFT p99 {_fmt(_value(s.ttft_p99), ' s')} > SLO {slo.ttft_p99_seconds:g} s with the "
+            f"queue not to blame: prefill {_fmt(s.prefill_time_mean, ' s')} mean for "
+            f"{_fmt(s.mean_prompt_tokens, ' tokens', 4)} prompts",
+            None,
+        )
+    head = (
+        f"ITL p99 {_fmt(_value(s.itl_p99), ' s')} > SLO {slo.itl_p99_seconds:g} s: "
+        f"{_fmt(s.decode_tokens_per_second_per_stream, ' tok/s', 3)} per stream"
+    )
+    if f.ceiling_ratio is None or rules.ceiling is None:
+        return head + " (no hardware set: ceiling unknown)", "unknown"
+    ceil = rules.ceiling
+    where = f", {f.ceiling_ratio:.0%} of the {ceil.tokens_per_second:.3g} tok/s ceiling on {ceil.gpu}"
+    if f.ceiling_ratio >= rules.thresholds.near_ceiling_ratio:
+        return head + where + ": at the hardware limit", "hardware"
+    return (
+        head + where + ": below it, the serving stack (batch size, prefill interference, "
+        "long context)",
+        "serving_stack",
+    )
+
+
+def diagnose(s: Signals, rules: Rulebook) -> Diagnosis:
+    """Judge one model's signals against the SLO and name the cause."""
+    f = _facts(s, rules)
+    breaches = _breaches(f)
+    if not breaches:
+        return Diagnosis(model_name=s.model_name, at=s.at, breaches=(), cause=None)
+    th = rules.thresholds
+    checks = {cause: _checks(cause, f, th) for cause in CAUSES}
+    candidates = [cause for cause in CAUSES if checks[cause][0]]
+    if not candidates:
+        # Every breach maps to a cause above; this only guards against a future symptom
+        # without one. Fall back on the symptom itself rather than staying silent.
+        candidates = ["decode_bound" if f.itl_breach else "queue_bound"]
+    cause = candidates[0]
+    summary, limit = _summary(cause, s, f, rules)
+    evidence = _evidence(s, f, rules)
+    evidence["breaches"] = ",".join(breaches)
+    remediation = rules.remediation.get(cause, ())
+    if limit is not None:
+        evidence["decode_limit"] = limit
+        if limit == "serving_stack":
+            # Below the ceiling the hardware is not the first thing to change.
+            remediation = remediation[2:] + remediation[:2]
+    return Diagnosis(
+        model_name=s.model_name,
+        at=s.at,
+        breaches=breaches,
+        cause=cause,
+        confidence=_confidence(checks[cause]),
+        summary=summary,
+        evidence=evidence,
+        secondary=tuple(candidates[1:]),
+        remediation=remediation,
+    )

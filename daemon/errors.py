@@ -1,0 +1,39 @@
+"""The project's exceptions, in one small tree.
+
+    TriageError                 base of everything vllm-triage raises on purpose
+    ├── ParseError              the target sent something that is not readable vLLM /metrics
+    ├── ConfigError             a settings or rules file is wrong (names the file and key)
+    ├── RecordingError          a recording directory cannot be replayed
+    └── ScrapeError             a target could not be fetched (dead, slow, non-2xx)
+
+Whose fault it is decides the handling: a ``ParseError`` or ``ScrapeError`` is the
+target's (log it with the target's name, count it, carry on); a ``ConfigError`` is the
+user's (refuse to start, say which key); anything else is a bug of ours and is not caught.
+"""
+
+
+class TriageError(Exception):
+    """Base class for every error vllm-triage raises on purpose."""
+
+
+class ParseError(TriageError):
+    """The exposition text cannot be read as vLLM metrics.
+
+    ``line`` is the 1-based line number where reading stopped, when one applies.
+    """
+
+    def __init__(self, message: str, *, line: int | None = None) -> None:
+        self.line = line
+        super().__init__(f"line {line}: {message}" if line is not None else message)
+
+
+class ConfigError(TriageError):
+    """A settings or rules file is wrong; the message names the file and the key."""
+
+
+class RecordingError(TriageError):
+    """A recording directory is missing, empty or unreadable."""
+
+
+class ScrapeError(TriageError):
+    """A target could not be fetched: refused, timed out, or answered non-2xx."""

@@ -1,0 +1,210 @@
+"""The core's data: frozen, typed shapes that pass between the stages.
+
+    parse ──► Snapshot ──► window ──► Signals ──► diagnose ──► Diagnosis ──► incidents ──► Transition
+
+Every shape carries its own time (``at``, unix seconds taken from the scrape), never the
+clock's, so the same sequence of snapshots always gives the same transitions: live, in
+``replay`` and in the tests.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Cause = Literal["prefill_bound", "decode_bound", "queue_bound", "kv_pressure"]
+#: Causes in causal order (see ``diagnose``): KV pressure makes requests wait, waiting
+#: inflates TTFT, and a long prefill stalls decode; the earlier cause explains the later.
+CAUSES: tuple[Cause, ...] = ("kv_pressure", "queue_bound", "prefill_bound", "decode_bound")
+
+Era = Literal["v0", "transitional", "v1", "unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """A cumulative Prometheus histogram as exposed: ``bounds`` ascend and end with +Inf.
+
+    ``cumulative[i]`` counts observations ``<= bounds[i]``; the last entry equals the
+    total count of observations in the buckets.
+    """
+
+    bounds: tuple[float, ...]
+    cumulative: tuple[float, ...]
+    count: float
+    sum: float
+
+    def __post_init__(self) -> None:
+        if len(self.bounds) != len(self.cumulative):
+            raise ValueError("bounds and cumulative counts differ in length")
+        if not self.bounds or not math.isinf(self.bounds[-1]):
+            raise ValueError("a histogram needs a +Inf bucket")
+
+
+@dataclass(frozen=True, slots=True)
+class KVPool:
+    """The KV cache pool of one target, from ``vllm:cache_config_info`` (summed over engines)."""
+
+    block_size: int
+    num_gpu_blocks: int
+
+    @property
+    def tokens(self) -> int:
+        return self.block_size * self.num_gpu_blocks
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSeries:
+    """What one ``model_name`` exposed in one scrape, data-parallel engines merged.
+
+    Counters and histograms are summed over engines (buckets included): percentiles are
+    computed later from the summed buckets, never averaged. ``running`` and ``waiting``
+    are summed too (they count requests). ``kv_usage`` is the mean of the engines' usage
+    fractions (each engine has its own, equally sized, pool) and ``kv_usage_max`` the
+    fullest engine's. ``None`` means this vLLM does not expose the series.
+    """
+
+    model_name: str
+    engines: int = 1
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    kv_usage_max: float | None = None
+    preemptions: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    requests_finished: float | None = None
+    ttft: Histogram | None = None
+    itl: Histogram | None = None
+    queue_time: Histogram | None = None
+    prefill_time: Histogram | None = None
+    decode_time: Histogram | None = None
+    prompt_length: Histogram | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One scrape of one target, reduced to the series the diagnosis needs.
+
+    ``problems`` lists series that were present but unusable (a NaN gauge, a histogram
+    without its +Inf bucket): they are left out of ``models`` and said here, so nothing
+    is dropped silently.
+    """
+
+    at: float
+    era: Era
+    prefix: str
+    models: Mapping[str, ModelSeries]
+    kv_pool: KVPool | None = None
+    problems: tuple[str, ...] = ()
+
+
+Position = Literal["interpolated", "above_last_bound", "below_first_bound"]
+
+
+@dataclass(frozen=True, slots=True)
+class Quantile:
+    """A ``histogram_quantile`` estimate and where in the buckets it fell.
+
+    ``above_last_bound``: the rank fell in the +Inf bucket, so ``value`` is the highest
+    finite bound and the truth is somewhere above it. ``below_first_bound``: the rank fell
+    in the first bucket, so ``value`` was interpolated between 0 and the first bound.
+    """
+
+    q: float
+    value: float
+    position: Position = "interpolated"
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """Windowed signals for one model on one target.
+
+    A ``None`` field is "not enough data" or "not exposed by this vLLM"; ``missing`` says
+    which, per field name, so the evidence can tell the user rather than guess.
+    """
+
+    model_name: str
+    at: float
+    span_seconds: float
+    snapshots: int
+    ttft_p50: Quantile | None = None
+    ttft_p90: Quantile | None = None
+    ttft_p99: Quantile | None = None
+    ttft_mean: float | None = None
+    ttft_count: float = 0.0
+    itl_p50: Quantile | None = None
+    itl_p99: Quantile | None = None
+    itl_mean: float | None = None
+    itl_count: float = 0.0
+    queue_time_mean: float | None = None
+    prefill_time_mean: float | None = None
+    decode_time_mean: float | None = None
+    prefill_time_share: float | None = None
+    running_mean: float | None = None
+    running_max: float | None = None
+    waiting_mean: float | None = None
+    waiting_max: float | None = None
+    waiting_min: float | None = None
+    kv_usage_mean: float | None = None
+    kv_usage_max: float | None = None
+    preemptions_per_second: float | None = None
+    prompt_tokens_per_second: float | None = None
+    generation_tokens_per_second: float | None = None
+    mean_prompt_tokens: float | None = None
+    decode_tokens_per_second_per_stream: float | None = None
+    kv_pool_tokens: int | None = None
+    missing: Mapping[str, str] = field(default_factory=dict)
+
+
+Evidence = Mapping[str, float | int | str | bool | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """One evaluation's verdict for one model.
+
+    ``breaches`` names the SLO symptoms that were breached; ``cause`` is ``None`` when
+    nothing was. ``evidence`` holds the numbers that decided it.
+    """
+
+    model_name: str
+    at: float
+    breaches: tuple[str, ...]
+    cause: Cause | None
+    confidence: float = 0.0
+    summary: str = ""
+    evidence: Evidence = field(default_factory=dict)
+    secondary: tuple[Cause, ...] = ()
+    remediation: tuple[str, ...] = ()
+
+    @property
+    def breached(self) -> bool:
+        return bool(self.breaches)
+
+
+class Reason(enum.StrEnum):
+    """Why a transition happened; mirrors Alertmanager's notify reasons."""
+
+    OPENED = "opened"
+    CAUSE_CHANGED = "cause_changed"
+    RESOLVED = "resolved"
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """An incident changing state: what a notifier sends and ``replay`` prints.
+
+    One alert identity per (model, cause): when the cause of an open incident changes,
+    the old identity resolves and the new one fires, both with reason ``cause_changed``.
+    """
+
+    event: Literal["firing", "resolved"]
+    reason: Reason
+    model_name: str
+    cause: Cause
+    at: float
+    started_at: float
+    diagnosis: Diagnosis

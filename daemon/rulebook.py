@@ -1,0 +1,108 @@
+"""Settings -> Rulebook: resolve the GPU name, read config.json, load the remediation texts.
+
+This is the one place that turns user settings into the core's inputs; it reads files,
+so it runs once at start-up (in the shell), and the core only ever sees the result.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+from daemon.diagnose import Ceiling, Rulebook
+from daemon.errors import ConfigError
+from daemon.evaluate import Evaluator
+from daemon.hardware import (
+    ModelSize,
+    decode_ceiling_tokens_per_s,
+    find_gpu,
+    model_size_from_config,
+    model_size_from_parameters,
+)
+from daemon.model import CAUSES, Cause
+from daemon.rules import read_bundled
+from daemon.settings import Settings
+
+
+def load_remediation() -> dict[Cause, tuple[str, ...]]:
+    data = read_bundled("remediation.yaml")
+    if not isinstance(data, dict):
+        raise ConfigError("rules/remediation.yaml: expected a mapping of cause to a list")
+    out: dict[Cause, tuple[str, ...]] = {}
+    for cause in CAUSES:
+        items = data.get(cause)
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ConfigError(f"rules/remediation.yaml: {cause}: expected a list of strings")
+        out[cause] = tuple(items)
+    return out
+
+
+def read_config_json(path: str) -> dict[str, Any]:
+    """A model's Hugging Face ``config.json``, with errors that name the file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"model.config_json: cannot read {path}: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"model.config_json: {path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"model.config_json: {path}: expected a JSON object")
+    return cast(dict[str, Any], data)
+
+
+def model_size(settings: Settings) -> ModelSize | None:
+    m = settings.model
+    if m.config_json is not None:
+        return model_size_from_config(
+            read_config_json(str(m.config_json)), dtype=None, kv_cache_dtype=m.kv_cache_dtype
+        )
+    if m.parameters_billion is not None:
+        return model_size_from_parameters(m.parameters_billion, m.dtype)
+    return None
+
+
+def ceiling(settings: Settings) -> Ceiling | None:
+    """The decode ceiling, when both the hardware and the model size are known."""
+    hw = settings.hardware
+    name: str | None = None
+    bandwidth = hw.memory_bandwidth_gb_s
+    if hw.gpu is not None:
+        gpu = find_gpu(hw.gpu)
+        name = gpu.name
+        bandwidth = bandwidth or gpu.memory_bandwidth_gb_s
+    size = model_size(settings)
+    if bandwidth is None or size is None:
+        return None
+    if hw.tensor_parallel_size > 1:
+        name = f"{hw.tensor_parallel_size}x {name or f'{bandwidth:g} GB/s'}"
+    return Ceiling(
+        gpu=name or f"{bandwidth:g} GB/s",
+        memory_bandwidth_gb_s=bandwidth,
+        weight_bytes_per_token=size.weight_bytes_per_token,
+        tokens_per_second=decode_ceiling_tokens_per_s(
+            bandwidth,
+            size.weight_bytes_per_token,
+            tensor_parallel_size=hw.tensor_parallel_size,
+            achievable_fraction=hw.achievable_fraction,
+        ),
+    )
+
+
+def build_rulebook(settings: Settings) -> Rulebook:
+    return Rulebook(
+        slo=settings.slo,
+        thresholds=settings.thresholds,
+        remediation=load_remediation(),
+        ceiling=ceiling(settings),
+    )
+
+
+def build_evaluator(settings: Settings) -> Evaluator:
+    """A fresh core for one target, configured from the settings."""
+    return Evaluator(
+        build_rulebook(settings),
+        window_seconds=settings.window_seconds,
+        open_after=settings.incident.open_after,
+        resolve_after=settings.incident.resolve_after,
+    )

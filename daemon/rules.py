@@ -1,0 +1,54 @@
+"""Reading the data files in ``rules/`` (shipped inside the package as ``daemon.bundled_rules``).
+
+The GPU table, thresholds, default SLOs and remediation texts are data, not constants in
+code, so that users can read and override them (see ``settings``).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from daemon.errors import ConfigError
+
+PACKAGE = "daemon.bundled_rules"
+
+
+def bundled_path(name: str) -> str:
+    """A human-readable location of a bundled rules file, for error messages."""
+    return f"rules/{name}"
+
+
+def read_yaml_text(text: str, *, source: str) -> Any:
+    """Parse YAML text; a syntax error becomes a ``ConfigError`` naming ``source``."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+
+
+def read_bundled(name: str) -> Any:
+    """Load one YAML file from the bundled ``rules/``."""
+    try:
+        text = resources.files(PACKAGE).joinpath(name).read_text(encoding="utf-8")
+    except (FileNotFoundError, ModuleNotFoundError) as exc:
+        raise ConfigError(
+            f"{bundled_path(name)}: missing from the installed package ({exc}); "
+            "reinstall vllm-triage"
+        ) from exc
+    return read_yaml_text(text, source=bundled_path(name))
+
+
+def read_file(path: str | Path) -> Any:
+    """Load one user YAML file; unreadable files become a ``ConfigError`` naming the path."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text: {exc}") from exc
+    return read_yaml_text(text, source=str(p))

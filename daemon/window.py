@@ -1,0 +1,222 @@
+"""A sliding window over one target's snapshots, and the signals computed from it.
+
+Percentiles come from bucket *deltas* inside the window (what
+``histogram_quantile(q, increase(x_bucket[60s]))`` gives), means from delta-sum over
+delta-count, rates from counter deltas over the window's span, gauges as the mean and
+max of the window's samples. Deltas are taken pairwise between consecutive snapshots
+when a snapshot arrives, so a counter reset (a restarted vLLM) inside the window counts
+from zero instead of producing a negative rate, and is paid for once, not per evaluation.
+
+Nothing here reads a clock: the window is defined by the snapshots' own ``at``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from daemon.histogram import (
+    bucket_quantile,
+    counter_delta,
+    histogram_add,
+    histogram_delta,
+    observations,
+)
+from daemon.model import Histogram, ModelSeries, Quantile, Signals, Snapshot
+from daemon.names import COUNTER_FIELDS, HISTOGRAM_FIELDS
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """What one model did between the previous snapshot and this one."""
+
+    counters: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+
+
+def _step(newer: ModelSeries, older: ModelSeries | None) -> _Step:
+    if older is None:
+        # A model seen for the first time has no baseline: its totals so far are not
+        # known to have happened inside the window.
+        return _Step()
+    counters: dict[str, float] = {}
+    for name in COUNTER_FIELDS:
+        new, old = getattr(newer, name), getattr(older, name)
+        if new is not None and old is not None:
+            counters[name] = counter_delta(new, old)
+    histograms: dict[str, Histogram] = {}
+    for name in HISTOGRAM_FIELDS:
+        new_h, old_h = getattr(newer, name), getattr(older, name)
+        if new_h is not None and old_h is not None:
+            histograms[name] = histogram_delta(new_h, old_h)
+    return _Step(counters, histograms)
+
+
+class Window:
+    """The snapshots of the last ``seconds`` of one target, newest last.
+
+    ``push`` ignores a snapshot that is not newer than the last one (a clock step or a
+    replayed file out of order) and says so by returning ``False``.
+    """
+
+    def __init__(self, seconds: float = 60.0, *, min_observations: int = 20) -> None:
+        if seconds <= 0:
+            raise ValueError("window seconds must be positive")
+        self.seconds = seconds
+        self.min_observations = min_observations
+        self._entries: deque[tuple[Snapshot, dict[str, _Step]]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def newest(self) -> Snapshot | None:
+        return self._entries[-1][0] if self._entries else None
+
+    def push(self, snapshot: Snapshot) -> bool:
+        previous = self.newest
+        if previous is not None and snapshot.at <= previous.at:
+            return False
+        steps = {
+            name: _step(series, previous.models.get(name) if previous else None)
+            for name, series in snapshot.models.items()
+        }
+        self._entries.append((snapshot, steps))
+        horizon = snapshot.at - self.seconds
+        while self._entries[0][0].at < horizon:
+            self._entries.popleft()
+        return True
+
+    def models(self) -> list[str]:
+        """Models in the newest snapshot, the ones there is something to say about."""
+        newest = self.newest
+        return sorted(newest.models) if newest else []
+
+    def signals(self, model: str) -> Signals:
+        """Signals for one model over the window; ``None`` fields say why in ``missing``."""
+        entries = list(self._entries)
+        if not entries:
+            raise ValueError("no snapshots in the window")
+        newest = entries[-1][0]
+        first = entries[0][0]
+        span = newest.at - first.at
+        missing: dict[str, str] = {}
+        out: dict[str, object] = {}
+
+        # Gauges: every snapshot in the window is a sample.
+        series = [s.models[model] for s, _ in entries if model in s.models]
+        for name, values in (
+            ("running", [m.running for m in series if m.running is not None]),
+            ("waiting", [m.waiting for m in series if m.waiting is not None]),
+            ("kv_usage", [m.kv_usage for m in series if m.kv_usage is not None]),
+        ):
+            if values:
+                out[f"{name}_mean"] = sum(values) / len(values)
+                out[f"{name}_max"] = max(values)
+                if name == "waiting":
+                    out["waiting_min"] = min(values)
+            else:
+                missing[f"{name}_mean"] = "not exposed by this vLLM"
+        kv_max = [m.kv_usage_max for m in series if m.kv_usage_max is not None]
+        if kv_max:
+            out["kv_usage_max"] = max(kv_max)
+
+        # Counters and histograms: the steps after the window's first snapshot.
+        counters: dict[str, float] = {}
+        hists: dict[str, Histogram] = {}
+        layout_changed: set[str] = set()
+        for _, steps in entries[1:]:
+            step = steps.get(model)
+            if step is None:
+                continue
+            for name, delta in step.counters.items():
+                counters[name] = counters.get(name, 0.0) + delta
+            for name, h in step.histograms.items():
+                have = hists.get(name)
+                if have is None:
+                    hists[name] = h
+                elif have.bounds == h.bounds:
+                    hists[name] = histogram_add(have, h)
+                else:
+                    # vLLM changed its buckets mid-window (an upgrade): keep the newer.
+                    hists[name] = h
+                    layout_changed.add(name)
+
+        if span <= 0:
+            reason = "not enough data: one snapshot in the window, rates need two"
+            for name in (
+                "preemptions_per_second",
+                "prompt_tokens_per_second",
+                "generation_tokens_per_second",
+                "ttft_p99",
+                "itl_p99",
+            ):
+                missing[name] = reason
+        else:
+            for name, key in (
+                ("preemptions", "preemptions_per_second"),
+                ("prompt_tokens", "prompt_tokens_per_second"),
+                ("generation_tokens", "generation_tokens_per_second"),
+            ):
+                if name in counters:
+                    out[key] = counters[name] / span
+                else:
+                    missing[key] = "not exposed by this vLLM"
+            self._latency(
+                "ttft", hists.get("ttft"), (0.5, 0.9, 0.99), span, out, missing
+            )
+            self._latency("itl", hists.get("itl"), (0.5, 0.99), span, out, missing)
+            for name in ("queue_time", "prefill_time", "decode_time", "prompt_length"):
+                key = "mean_prompt_tokens" if name == "prompt_length" else f"{name}_mean"
+                h = hists.get(name)
+                if h is None:
+                    missing[key] = "not exposed by this vLLM"
+                elif h.count > 0:
+                    out[key] = h.sum / h.count
+                else:
+                    missing[key] = "not enough data: no requests finished in the window"
+            pre, dec = hists.get("prefill_time"), hists.get("decode_time")
+            if pre is not None and dec is not None and pre.sum + dec.sum > 0:
+                out["prefill_time_share"] = pre.sum / (pre.sum + dec.sum)
+        for name in layout_changed:
+            missing[f"{name}_layout"] = "bucket bounds changed inside the window"
+
+        itl_mean = out.get("itl_mean")
+        if isinstance(itl_mean, float) and itl_mean > 0:
+            out["decode_tokens_per_second_per_stream"] = 1.0 / itl_mean
+        if newest.kv_pool is not None:
+            out["kv_pool_tokens"] = newest.kv_pool.tokens
+        return Signals(
+            model_name=model,
+            at=newest.at,
+            span_seconds=span,
+            snapshots=len(entries),
+            missing=missing,
+            **out,  # type: ignore[arg-type]
+        )
+
+    def _latency(
+        self,
+        name: str,
+        h: Histogram | None,
+        qs: tuple[float, ...],
+        span: float,
+        out: dict[str, object],
+        missing: dict[str, str],
+    ) -> None:
+        if h is None:
+            missing[f"{name}_p99"] = "not exposed by this vLLM"
+            return
+        n = observations(h)
+        out[f"{name}_count"] = n
+        if h.count > 0:
+            out[f"{name}_mean"] = h.sum / h.count
+        if n < self.min_observations:
+            missing[f"{name}_p99"] = (
+                f"not enough data: {n:g} observations in {span:g} s "
+                f"(need {self.min_observations})"
+            )
+            return
+        for q in qs:
+            quantile: Quantile | None = bucket_quantile(q, h)
+            out[f"{name}_p{round(q * 100)}"] = quantile
