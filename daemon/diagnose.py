@@ -145,9 +145,10 @@ def _checks(cause: Cause, f: _Facts, th: Thresholds) -> list[bool | None]:
             f.waiting > 0,
         ]
     if cause == "queue_bound":
-        waits = f.waiting_sustained and room is not False
         return [
-            (waits or (f.ttft_breach and queue_dominant is True)) and prefill_dominant is not True,
+            (f.waiting_sustained or (f.ttft_breach and queue_dominant is True))
+            and room is not False
+            and prefill_dominant is not True,
             room,
             f.waiting_sustained,
             queue_dominant,
@@ -209,7 +210,7 @@ def _evidence(s: Signals, f: _Facts, rules: Rulebook) -> dict[str, float | int |
         ev["decode_ceiling_ratio"] = f.ceiling_ratio
     # A NaN from a broken target must not reach JSON output or a webhook as "NaN".
     return {
-        k: (round(v, 6) if isinstance(v, float) else v)
+        k: (float(f"{v:.6g}") if isinstance(v, float) else v)
         for k, v in ev.items()
         if v is not None and not (isinstance(v, float) and not math.isfinite(v))
     }

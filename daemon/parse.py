@@ -184,6 +184,9 @@ class SnapshotParser:
             elif kind == "counter":
                 acc.counter += value
                 acc.counter_seen = True
+                if not 0.0 <= value < math.inf and acc.problem is None:
+                    # Checked per engine: a sum could hide one engine's negative value.
+                    acc.problem = f"counter is {value}"
             elif kind == "sum":
                 acc.hsum = value if acc.hsum is None else acc.hsum + value
             else:  # count
@@ -302,8 +305,8 @@ def _assemble(
             acc, gen = _pick(accs, model, name)
             if acc is None or not acc.counter_seen:
                 continue
-            if not math.isfinite(acc.counter) or acc.counter < 0:
-                problems.append(f"{model}: {name} counter is {acc.counter}; left out")
+            if acc.problem is not None:
+                problems.append(f"{model}: {name} {acc.problem}; left out")
                 continue
             values[name] = acc.counter
         for name in HISTOGRAM_FIELDS:

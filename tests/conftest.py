@@ -1,0 +1,93 @@
+"""Shared test helpers: the captured vLLM payloads, and a reference reader built on
+prometheus_client (the text format's reference parser) to hold our fast parser to."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from daemon.names import SAMPLES
+
+FIXTURES = Path(__file__).parent / "fixtures"
+VLLM_FIXTURES = sorted((FIXTURES / "vllm").glob("*.txt"))
+
+
+def fixture_text(name: str) -> str:
+    return (FIXTURES / "vllm" / name).read_text(encoding="utf-8")
+
+
+def reference_models(text: str) -> dict[str, dict[str, Any]]:
+    """Per model, the field values prometheus_client's parse implies.
+
+    Merged like the product merges them (engines summed; KV usage as mean and max;
+    the newest naming wins), but read with prometheus_client, so comparing the two
+    proves our reader sees exactly the values the reference parser sees.
+    """
+    accs: dict[tuple[str, str, str], dict[str, Any]] = defaultdict(dict)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            hit = SAMPLES.get(sample.name)
+            if hit is None or hit[1].kind == "info":
+                continue
+            spec = hit[1]
+            acc = accs[(sample.labels.get("model_name", ""), spec.field, spec.generation)]
+            v = sample.value
+            if spec.kind == "gauge":
+                acc.setdefault("gauges", []).append(v)
+            elif spec.kind == "bucket":
+                buckets = acc.setdefault("buckets", {})
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + v
+            else:
+                acc[spec.kind] = acc.get(spec.kind, 0.0) + v
+    out: dict[str, dict[str, Any]] = defaultdict(dict)
+    for model in {m for m, _, _ in accs}:
+        for field in {f for m, f, _ in accs if m == model}:
+            gen = next(g for g in ("new", "both", "old") if (model, field, g) in accs)
+            acc = accs[(model, field, gen)]
+            if "gauges" in acc:
+                values = acc["gauges"]
+                if field == "kv_usage":
+                    out[model]["kv_usage"] = sum(values) / len(values)
+                    out[model]["kv_usage_max"] = max(values)
+                else:
+                    out[model][field] = sum(values)
+            elif "buckets" in acc:
+                bounds = tuple(sorted(acc["buckets"]))
+                out[model][field] = (
+                    bounds,
+                    tuple(acc["buckets"][b] for b in bounds),
+                    acc["count"],
+                    acc["sum"],
+                )
+            else:
+                out[model][field] = acc["counter"]
+    return dict(out)
+
+
+def snapshot_models(snapshot: Any) -> dict[str, dict[str, Any]]:
+    """The same shape as ``reference_models``, from a ``Snapshot``."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, series in snapshot.models.items():
+        fields: dict[str, Any] = {}
+        for field in series.__dataclass_fields__:
+            if field in ("model_name", "engines"):
+                continue
+            value = getattr(series, field)
+            if value is None:
+                continue
+            if hasattr(value, "bounds"):
+                value = (value.bounds, value.cumulative, value.count, value.sum)
+            fields[field] = value
+        out[name] = fields
+    return out
+
+
+@pytest.fixture(params=VLLM_FIXTURES, ids=[p.name for p in VLLM_FIXTURES])
+def vllm_fixture(request: pytest.FixtureRequest) -> Path:
+    path: Path = request.param
+    return path

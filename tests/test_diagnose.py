@@ -1,0 +1,158 @@
+"""Tests for daemon/diagnose.py: the four causes, in causal order, with their evidence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from daemon.diagnose import Ceiling, Rulebook, diagnose
+from daemon.model import Quantile, Signals
+from daemon.rulebook import load_remediation
+from daemon.settings import load_settings
+
+SETTINGS = load_settings()
+A10G_70B = Ceiling(gpu="NVIDIA A10G", memory_bandwidth_gb_s=600, weight_bytes_per_token=140e9, tokens_per_second=600e9 / 140e9)
+
+
+def rules(ceiling: Ceiling | None = None) -> Rulebook:
+    return Rulebook(SETTINGS.slo, SETTINGS.thresholds, load_remediation(), ceiling)
+
+
+def q(value: float, p: float = 0.99) -> Quantile:
+    return Quantile(q=p, value=value)
+
+
+HEALTHY: dict[str, Any] = dict(
+    ttft_p99=q(0.3), ttft_mean=0.1, itl_p99=q(0.03), itl_mean=0.02,
+    waiting_mean=0.0, running_mean=4.0, kv_usage_mean=0.2, kv_usage_max=0.25,
+    preemptions_per_second=0.0, queue_time_mean=0.01, prefill_time_share=0.1,
+    decode_tokens_per_second_per_stream=50.0, kv_pool_tokens=100_000,
+)
+
+
+def signals(**changes: Any) -> Signals:
+    return Signals(model_name="m", at=100.0, span_seconds=60.0, snapshots=13, **{**HEALTHY, **changes})
+
+
+# Each case: the signals of one situation, the cause it must get, and why.
+CASES = [
+    pytest.param(
+        # waiting, and the pool (100k tokens, 97 % used by 8 requests) has room for
+        # 0.25 more request of the current size; preemptions confirm
+        dict(waiting_mean=6.0, running_mean=8.0, kv_usage_mean=0.97, kv_usage_max=0.99,
+             preemptions_per_second=0.4, ttft_p99=q(9.0), ttft_mean=4.0, queue_time_mean=3.5),
+        "kv_pressure", (), id="kv-full-preempting",
+    ),
+    pytest.param(
+        # a small pool (4096 tokens) 70 % used by 2 long requests has room for 0.86
+        # more: KV pressure, although usage is far below any fixed 90 % cut-off
+        dict(waiting_mean=3.0, running_mean=2.0, kv_usage_mean=0.7, kv_usage_max=0.72,
+             preemptions_per_second=0.0, kv_pool_tokens=4096, ttft_p99=q(6.0), ttft_mean=3.0,
+             queue_time_mean=2.5),
+        "kv_pressure", (), id="small-pool-headroom-in-requests",
+    ),
+    pytest.param(
+        # many waiting, KV 20 % used: a sequence cap, not memory
+        dict(waiting_mean=20.0, running_mean=16.0, kv_usage_mean=0.2, ttft_p99=q(12.0),
+             ttft_mean=8.0, queue_time_mean=7.5, prefill_time_share=0.1),
+        "queue_bound", (), id="seq-cap-with-kv-room",
+    ),
+    pytest.param(
+        # TTFT breached, queue empty, prefill dominates: long prompts
+        dict(ttft_p99=q(4.0), ttft_mean=2.5, queue_time_mean=0.05, prefill_time_share=0.8,
+             prefill_time_mean=2.4, mean_prompt_tokens=12000.0),
+        "prefill_bound", (), id="long-prompts",
+    ),
+    pytest.param(
+        # requests wait, KV has room, but prefill takes the engine: a prefill backlog
+        dict(ttft_p99=q(8.0), ttft_mean=5.0, queue_time_mean=4.0, waiting_mean=4.0,
+             prefill_time_share=0.85, kv_usage_mean=0.3),
+        "prefill_bound", (), id="prefill-backlog",
+    ),
+    pytest.param(
+        # ITL breached while prefill takes 75 % of engine time: interference
+        dict(itl_p99=q(0.6), itl_mean=0.08, prefill_time_share=0.75,
+             decode_tokens_per_second_per_stream=12.5),
+        "prefill_bound", (), id="prefill-interference",
+    ),
+    pytest.param(
+        # ITL breached, decode dominates engine time
+        dict(itl_p99=q(0.3), itl_mean=0.25, prefill_time_share=0.05,
+             decode_tokens_per_second_per_stream=4.0),
+        "decode_bound", (), id="slow-decode",
+    ),
+    pytest.param(
+        # V0 (no queue/prefill histograms): TTFT breached with no one waiting is prefill
+        dict(ttft_p99=q(5.0), ttft_mean=3.0, queue_time_mean=None, prefill_time_share=None),
+        "prefill_bound", (), id="v0-ttft-no-queue",
+    ),
+    pytest.param(
+        # V0: TTFT breached with a sustained queue and KV room is queue-bound
+        dict(ttft_p99=q(5.0), ttft_mean=3.0, waiting_mean=8.0, queue_time_mean=None,
+             prefill_time_share=None),
+        "queue_bound", ("prefill_bound",), id="v0-ttft-with-queue",
+    ),
+]
+
+
+class TestCauses:
+    @pytest.mark.parametrize(("changes", "cause", "secondary"), CASES)
+    def test_cause(self, changes: dict[str, Any], cause: str, secondary: tuple[str, ...]) -> None:
+        """Each situation gets the cause the physics gives, with the others as secondary."""
+        d = diagnose(signals(**changes), rules(A10G_70B))
+        assert d.cause == cause
+        assert d.secondary == secondary
+        assert 0.0 < d.confidence <= 1.0
+        assert d.remediation and d.summary
+
+    def test_healthy_is_nothing(self) -> None:
+        """Within every SLO, nothing is breached and no cause is named."""
+        d = diagnose(signals(), rules())
+        assert d.cause is None and d.breaches == ()
+
+    def test_not_enough_data_is_not_a_breach(self) -> None:
+        """Missing percentiles (too few observations) never open an incident."""
+        d = diagnose(signals(ttft_p99=None, itl_p99=None), rules())
+        assert d.cause is None
+
+
+class TestDecodeCeiling:
+    def test_at_the_hardware_limit(self) -> None:
+        """Decode at 93 % of the ceiling is the hardware's limit; quantizing comes first."""
+        d = diagnose(signals(itl_p99=q(0.3), itl_mean=0.25, decode_tokens_per_second_per_stream=4.0), rules(A10G_70B))
+        assert d.cause == "decode_bound"
+        assert d.evidence["decode_limit"] == "hardware"
+        assert d.evidence["decode_ceiling_ratio"] == pytest.approx(4.0 / (600 / 140))
+        assert "hardware limit" in d.summary
+        assert d.remediation[0].startswith("Quantize")
+
+    def test_below_the_ceiling_is_the_serving_stack(self) -> None:
+        """Decode at 23 % of the ceiling points at the serving stack, not the card."""
+        d = diagnose(signals(itl_p99=q(0.3), itl_mean=1.0, decode_tokens_per_second_per_stream=1.0), rules(A10G_70B))
+        assert d.evidence["decode_limit"] == "serving_stack"
+        assert "serving stack" in d.summary
+        assert not d.remediation[0].startswith("Quantize")
+
+    def test_without_hardware(self) -> None:
+        """Without hardware settings the ratio is left out and the summary says why."""
+        d = diagnose(signals(itl_p99=q(0.3), itl_mean=0.25, decode_tokens_per_second_per_stream=4.0), rules())
+        assert d.cause == "decode_bound"
+        assert "decode_ceiling_ratio" not in d.evidence
+        assert d.evidence["decode_limit"] == "unknown"
+
+
+class TestEvidence:
+    def test_evidence_holds_the_deciding_numbers(self) -> None:
+        """KV pressure's evidence carries the headroom, usage, waiting and preemptions."""
+        d = diagnose(signals(**CASES[0].values[0]), rules())
+        ev = d.evidence
+        assert ev["kv_headroom_requests"] == pytest.approx((100_000 * 0.03) / (97_000 / 8), rel=1e-5)
+        assert ev["requests_waiting_mean"] == 6.0
+        assert ev["preemptions_per_second"] == 0.4
+        assert ev["breaches"] == "ttft_p99,waiting,kv_preemptions"
+
+    def test_no_nan_in_evidence(self) -> None:
+        """A NaN from a broken target never reaches the evidence."""
+        d = diagnose(signals(ttft_p99=q(9.0), ttft_mean=float("nan")), rules())
+        assert "ttft_mean_seconds" not in d.evidence

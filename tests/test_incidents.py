@@ -1,0 +1,74 @@
+"""Tests for daemon/incidents.py: the state table, walked case by case."""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon.incidents import IncidentTracker, State
+from daemon.model import Diagnosis, Reason
+
+
+def d(at: float, cause: str | None, model: str = "m") -> Diagnosis:
+    return Diagnosis(model_name=model, at=at, breaches=("x",) if cause else (), cause=cause)  # type: ignore[arg-type]
+
+
+def walk(tracker: IncidentTracker, causes: list[str | None]) -> list[tuple[float, str, str, str]]:
+    out = []
+    for i, cause in enumerate(causes):
+        for t in tracker.observe(d(float(i), cause)):
+            out.append((t.at, t.event, t.cause, str(t.reason)))
+    return out
+
+
+K, Q, P = "kv_pressure", "queue_bound", "prefill_bound"
+
+# (sequence of per-evaluation causes, expected transitions), with open_after=3, resolve_after=2
+TABLE = [
+    # a breach must persist open_after evaluations before it fires
+    pytest.param([K, K, None, K, K], [], id="blip-does-not-fire"),
+    pytest.param([K, K, K], [(2.0, "firing", K, "opened")], id="fires-after-3"),
+    # one clear evaluation is not enough to resolve (hysteresis)
+    pytest.param([K, K, K, None, K, None, None], [(2.0, "firing", K, "opened"), (6.0, "resolved", K, "resolved")], id="resolves-after-2-clear"),
+    # a different cause must also persist before the identity switches
+    pytest.param([K, K, K, Q, K, Q, Q, Q], [(2.0, "firing", K, "opened"), (7.0, "resolved", K, "cause_changed"), (7.0, "firing", Q, "cause_changed")], id="cause-change"),
+    # two different challengers in a row do not add up
+    pytest.param([K, K, K, Q, P, Q, P], [(2.0, "firing", K, "opened")], id="flapping-challengers"),
+    # the cause that fires is the one seen when it opens
+    pytest.param([Q, Q, K], [(2.0, "firing", K, "opened")], id="opens-with-latest-cause"),
+]
+
+
+class TestTable:
+    @pytest.mark.parametrize(("causes", "expected"), TABLE)
+    def test_walk(self, causes: list[str | None], expected: list[tuple[float, str, str, str]]) -> None:
+        """Each sequence of evaluations gives exactly the transitions of the table."""
+        assert walk(IncidentTracker(open_after=3, resolve_after=2), causes) == expected
+
+    def test_models_are_independent(self) -> None:
+        """One model's incident does not open or hold another's."""
+        t = IncidentTracker(open_after=1, resolve_after=1)
+        assert [x.model_name for x in t.observe(d(0, K, "a"))] == ["a"]
+        assert t.observe(d(1, None, "b")) == []
+        assert t.state("a") is State.FIRING and t.state("b") is State.CLEAR
+
+    def test_resolved_carries_start_and_reason(self) -> None:
+        """A resolved transition names when the incident started and why it ended."""
+        t = IncidentTracker(open_after=1, resolve_after=1)
+        t.observe(d(10, K))
+        (resolved,) = t.observe(d(25, None))
+        assert resolved.started_at == 10 and resolved.at == 25
+        assert resolved.reason is Reason.RESOLVED and resolved.cause == K
+
+    def test_active(self) -> None:
+        """Firing incidents are listed while they last, resolving ones included."""
+        t = IncidentTracker(open_after=1, resolve_after=2)
+        t.observe(d(0, K))
+        t.observe(d(1, None))
+        assert [(a.model_name, a.cause) for a in t.active()] == [("m", K)]
+        t.observe(d(2, None))
+        assert t.active() == []
+
+    def test_counts_must_be_positive(self) -> None:
+        """Zero evaluations to open or resolve is nonsense and refused."""
+        with pytest.raises(ValueError):
+            IncidentTracker(open_after=0)

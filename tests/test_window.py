@@ -1,0 +1,149 @@
+"""Tests for daemon/window.py: windowed signals over snapshots."""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon.model import KVPool, ModelSeries, Snapshot
+from daemon.window import Window
+from snapshots import hist, snap
+
+
+def fill(window: Window, snaps: list[Snapshot]) -> None:
+    for s in snaps:
+        assert window.push(s)
+
+
+class TestRates:
+    def test_counter_rate_over_the_span(self) -> None:
+        """A counter rising 600 over 60 s is 10 per second."""
+        w = Window(60)
+        fill(w, [snap(t, generation_tokens=t * 10.0) for t in range(0, 61, 5)])
+        assert w.signals("m").generation_tokens_per_second == pytest.approx(10.0)
+
+    def test_counter_reset_is_never_negative(self) -> None:
+        """A counter reset inside the window counts from zero, not as a negative rate."""
+        w = Window(60)
+        values = [100.0, 200.0, 50.0, 150.0]  # vLLM restarted between 10 s and 20 s
+        fill(w, [snap(t * 10.0, preemptions=v) for t, v in enumerate(values)])
+        s = w.signals("m")
+        assert s.preemptions_per_second == pytest.approx((100 + 50 + 100) / 30)
+
+    def test_one_snapshot_is_not_enough(self) -> None:
+        """With one snapshot there is no rate and no percentile, and the reason says so."""
+        w = Window(60)
+        fill(w, [snap(0.0, preemptions=5.0, ttft=hist([30] + [0] * 10))])
+        s = w.signals("m")
+        assert s.preemptions_per_second is None and s.ttft_p99 is None
+        assert "not enough data" in s.missing["ttft_p99"]
+
+
+class TestLatency:
+    def test_percentiles_use_only_the_windows_observations(self) -> None:
+        """Observations from before the window do not leak into its percentiles."""
+        w = Window(60)
+        slow = [0] * 8 + [1000, 0, 0]  # 1000 old observations in (5, 10]
+        fast = [0, 50] + [0] * 9  # 50 new ones in (0.02, 0.04]
+        both = [s + f for s, f in zip(slow, fast, strict=True)]
+        fill(w, [snap(0.0, ttft=hist(slow, total=7000.0)), snap(30.0, ttft=hist(both, total=7001.5))])
+        s = w.signals("m")
+        assert s.ttft_p99 is not None and s.ttft_p99.value <= 0.04
+        assert s.ttft_count == 50
+        assert s.ttft_mean == pytest.approx(1.5 / 50)
+
+    def test_too_few_observations_is_not_enough_data(self) -> None:
+        """Fewer observations than the minimum is reported, never guessed."""
+        w = Window(60, min_observations=20)
+        fill(w, [snap(0.0, ttft=hist([0] * 11)), snap(10.0, ttft=hist([0, 0, 5] + [0] * 8))])
+        s = w.signals("m")
+        assert s.ttft_p99 is None
+        assert s.missing["ttft_p99"].startswith("not enough data: 5 observations")
+        assert s.ttft_mean is not None  # a mean of five is still a fact
+
+    def test_overflow_is_flagged(self) -> None:
+        """A p99 in the +Inf bucket says that it is only a lower bound."""
+        w = Window(60, min_observations=1)
+        fill(w, [snap(0.0, ttft=hist([0] * 11)), snap(10.0, ttft=hist([0] * 10 + [40]))])
+        q = w.signals("m").ttft_p99
+        assert q is not None and q.position == "above_last_bound" and q.value == 20.0
+
+    def test_decode_rate_is_inverse_mean_itl(self) -> None:
+        """Per-stream decode rate is 1 / mean ITL."""
+        w = Window(60, min_observations=1)
+        fill(w, [snap(0.0, itl=hist([0] * 11)), snap(10.0, itl=hist([100] + [0] * 10, total=2.5))])
+        s = w.signals("m")
+        assert s.itl_mean == pytest.approx(0.025)
+        assert s.decode_tokens_per_second_per_stream == pytest.approx(40.0)
+
+    def test_prefill_share_and_queue_mean(self) -> None:
+        """Engine time split and queue time come from the request histograms' sums."""
+        w = Window(60)
+        zero = hist([0] * 11)
+        fill(
+            w,
+            [
+                snap(0.0, prefill_time=zero, decode_time=zero, queue_time=zero),
+                snap(
+                    10.0,
+                    prefill_time=hist([0, 4] + [0] * 9, total=3.0),
+                    decode_time=hist([0, 4] + [0] * 9, total=1.0),
+                    queue_time=hist([0, 4] + [0] * 9, total=2.0),
+                ),
+            ],
+        )
+        s = w.signals("m")
+        assert s.prefill_time_share == pytest.approx(0.75)
+        assert s.queue_time_mean == pytest.approx(0.5)
+
+
+class TestGaugesAndShape:
+    def test_gauges_mean_and_max(self) -> None:
+        """Gauges are the mean and max of the window's samples."""
+        w = Window(60)
+        fill(w, [snap(t * 10.0, waiting=float(v), kv_usage=v / 10) for t, v in enumerate([0, 2, 4, 6])])
+        s = w.signals("m")
+        assert s.waiting_mean == pytest.approx(3.0) and s.waiting_max == 6.0
+        assert s.waiting_min == 0.0
+        assert s.kv_usage_max == pytest.approx(0.6)
+
+    def test_window_slides(self) -> None:
+        """Snapshots older than the window fall out of it."""
+        w = Window(60)
+        fill(w, [snap(float(t), waiting=0.0 if t < 100 else 5.0) for t in range(0, 200, 10)])
+        s = w.signals("m")
+        assert s.span_seconds == 60.0
+        assert s.waiting_mean == 5.0
+
+    def test_out_of_order_is_ignored(self) -> None:
+        """A snapshot not newer than the last is refused, not merged backwards."""
+        w = Window(60)
+        assert w.push(snap(10.0))
+        assert not w.push(snap(10.0))
+        assert not w.push(snap(5.0))
+        assert len(w) == 1
+
+    def test_new_model_has_no_baseline(self) -> None:
+        """A model seen for the first time adds no counts of unknown age."""
+        w = Window(60)
+        first = Snapshot(at=0.0, era="v1", prefix="vllm:", models={})
+        fill(w, [first, snap(10.0, generation_tokens=5000.0), snap(20.0, generation_tokens=5100.0)])
+        assert w.signals("m").generation_tokens_per_second == pytest.approx(100 / 20)
+
+    def test_pool_size_from_the_newest_snapshot(self) -> None:
+        """The KV pool size is read from cache_config_info in the newest snapshot."""
+        w = Window(60)
+        fill(w, [snap(0.0, pool=KVPool(16, 100)), snap(5.0, pool=KVPool(16, 200))])
+        assert w.signals("m").kv_pool_tokens == 3200
+
+    def test_missing_series_are_named(self) -> None:
+        """Series the target does not expose (V0: no queue time) are named as such."""
+        w = Window(60)
+        fill(w, [snap(0.0, running=1.0), snap(10.0, running=1.0)])
+        s = w.signals("m")
+        assert s.queue_time_mean is None
+        assert s.missing["queue_time_mean"] == "not exposed by this vLLM"
+
+    def test_model_series_defaults(self) -> None:
+        """A bare series has nothing but its name: every signal is None or zero."""
+        m = ModelSeries(model_name="x")
+        assert m.ttft is None and m.running is None
