@@ -50,10 +50,34 @@ def _add_record(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("url", help="the vLLM server's metrics URL, e.g. http://127.0.0.1:8000/metrics")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write into (created)")
-    p.add_argument("--interval", type=_positive, default=5.0, metavar="S", help="seconds between scrapes (default 5)")
-    p.add_argument("--duration", type=_positive, default=None, metavar="S", help="stop after S seconds (default: until Ctrl-C)")
-    p.add_argument("--timeout", type=_positive, default=None, metavar="S", help="per-scrape timeout (default: the interval, at most 10 s)")
-    p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, metavar="N", help="refuse bodies larger than this (default 16 MiB)")
+    p.add_argument(
+        "--interval",
+        type=_positive,
+        default=5.0,
+        metavar="S",
+        help="seconds between scrapes (default 5)",
+    )
+    p.add_argument(
+        "--duration",
+        type=_positive,
+        default=None,
+        metavar="S",
+        help="stop after S seconds (default: until Ctrl-C)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive,
+        default=None,
+        metavar="S",
+        help="per-scrape timeout (default: the interval, at most 10 s)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=16 * 1024 * 1024,
+        metavar="N",
+        help="refuse bodies larger than this (default 16 MiB)",
+    )
     p.set_defaults(func=_run_record)
 
 
@@ -68,8 +92,15 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         ),
     )
     p.add_argument("directory", metavar="DIR", help="a folder of <unix_time_ms>.prom files")
-    p.add_argument("--config", metavar="FILE", help="YAML settings (SLOs, hardware, model, thresholds)")
-    p.add_argument("--format", choices=("text", "json"), default="text", help="text for people, json for one object per line (default text)")
+    p.add_argument(
+        "--config", metavar="FILE", help="YAML settings (SLOs, hardware, model, thresholds)"
+    )
+    p.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text for people, json for one object per line (default text)",
+    )
     p.add_argument("--strict", action="store_true", help="exit 1 if any file could not be used")
     p.set_defaults(func=_run_replay)
 
@@ -78,7 +109,10 @@ def _add_check_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = sub.add_parser(
         "check-config",
         help="validate settings and print the effective values",
-        description="Load rules/defaults.yaml, --config FILE and VLLM_TRIAGE_* variables; print the result as JSON or the errors.",
+        description=(
+            "Load rules/defaults.yaml, --config FILE and VLLM_TRIAGE_* variables; "
+            "print the result as JSON, or the errors."
+        ),
     )
     p.add_argument("--config", metavar="FILE", help="YAML settings file")
     p.set_defaults(func=_run_check_config)
@@ -133,7 +167,10 @@ def _run_check_config(args: argparse.Namespace) -> int:
     print(settings.model_dump_json(indent=2))
     if rulebook.ceiling is not None:
         c = rulebook.ceiling
-        print(f"decode ceiling: {c.tokens_per_second:.1f} tok/s per stream on {c.gpu}", file=sys.stderr)
+        print(
+            f"decode ceiling: {c.tokens_per_second:.1f} tok/s per stream on {c.gpu}",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -148,7 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"vllm-triage {__version__}")
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning", "error")
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_record(sub)
     _add_replay(sub)

@@ -262,7 +262,9 @@ def _summary(cause: Cause, s: Signals, f: _Facts, rules: Rulebook) -> tuple[str,
     if f.ceiling_ratio is None or rules.ceiling is None:
         return head + " (no hardware set: ceiling unknown)", "unknown"
     ceil = rules.ceiling
-    where = f", {f.ceiling_ratio:.0%} of the {ceil.tokens_per_second:.3g} tok/s ceiling on {ceil.gpu}"
+    where = (
+        f", {f.ceiling_ratio:.0%} of the {ceil.tokens_per_second:.3g} tok/s ceiling on {ceil.gpu}"
+    )
     if f.ceiling_ratio >= rules.thresholds.near_ceiling_ratio:
         return head + where + ": at the hardware limit", "hardware"
     return (

@@ -38,9 +38,7 @@ class Evaluator:
         resolve_after: int = 3,
     ) -> None:
         self.rulebook = rulebook
-        self.window = Window(
-            window_seconds, min_observations=rulebook.thresholds.min_observations
-        )
+        self.window = Window(window_seconds, min_observations=rulebook.thresholds.min_observations)
         self.incidents = IncidentTracker(open_after=open_after, resolve_after=resolve_after)
 
     def step(self, snapshot: Snapshot) -> Evaluation:

@@ -77,7 +77,7 @@ def bucket_quantile(q: float, h: Histogram) -> Quantile | None:
     if total <= 0:
         return None
     rank = q * total
-    b = next(i for i, c in enumerate(cumulative[:-1] + [math.inf]) if c >= rank)
+    b = next(i for i, c in enumerate([*cumulative[:-1], math.inf]) if c >= rank)
     if b == len(bounds) - 1:
         return Quantile(q=q, value=bounds[-2], position="above_last_bound")
     if b == 0 and bounds[0] <= 0:

@@ -1,6 +1,6 @@
 """The core's data: frozen, typed shapes that pass between the stages.
 
-    parse ──► Snapshot ──► window ──► Signals ──► diagnose ──► Diagnosis ──► incidents ──► Transition
+    parse ─► Snapshot ─► window ─► Signals ─► diagnose ─► Diagnosis ─► incidents ─► Transition
 
 Every shape carries its own time (``at``, unix seconds taken from the scrape), never the
 clock's, so the same sequence of snapshots always gives the same transitions: live, in

@@ -4,7 +4,7 @@ vLLM renamed several series (see ``shared/fixtures/vllm/SOURCES.md`` and vLLM's
 ``vllm/v1/metrics/loggers.py``):
 
 - ``vllm:gpu_cache_usage_perc`` (V0, up to 0.11) became ``vllm:kv_cache_usage_perc``
-  (0.9.2 on); both are fractions 0..1 despite the name. 0.9.2–0.11 expose both.
+  (0.9.2 on); both are fractions 0..1 despite the name. 0.9.2 to 0.11 expose both.
 - ``vllm:time_per_output_token_seconds`` (up to 0.14) became
   ``vllm:inter_token_latency_seconds`` (0.10.2 on); both observe one inter-token
   interval per generated token after the first. ``vllm:request_time_per_output_token_seconds``

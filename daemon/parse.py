@@ -19,6 +19,7 @@ What is an error and what is a problem:
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
@@ -223,9 +224,7 @@ def _era(accs: dict[tuple[str, str, str], _Acc]) -> Era:
     return "unknown"
 
 
-def _pick(
-    accs: dict[tuple[str, str, str], _Acc], model: str, name: str
-) -> tuple[_Acc | None, str]:
+def _pick(accs: dict[tuple[str, str, str], _Acc], model: str, name: str) -> tuple[_Acc | None, str]:
     """The newest naming's values for a field (new > unchanged > old)."""
     for gen in ("new", "both", "old"):
         acc = accs.get((model, name, gen))
@@ -255,7 +254,7 @@ def _histogram(acc: _Acc, where: str, problems: list[str]) -> Histogram | None:
     if any(math.isnan(c) or c < 0 for c in cumulative) or math.isnan(acc.hcount):
         problems.append(f"{where}: NaN or negative bucket counts; left out")
         return None
-    if any(later < earlier for earlier, later in zip(cumulative, cumulative[1:], strict=False)):
+    if any(later < earlier for earlier, later in itertools.pairwise(cumulative)):
         problems.append(f"{where}: bucket counts decrease with le; left out")
         return None
     return Histogram(bounds=bounds, cumulative=cumulative, count=acc.hcount, sum=acc.hsum)
@@ -288,7 +287,7 @@ def _assemble(
         values: dict[str, object] = {}
         engines = 1
         for name in GAUGE_FIELDS:
-            acc, gen = _pick(accs, model, name)
+            acc, _ = _pick(accs, model, name)
             if acc is None or not acc.gauges:
                 continue
             bad = [v for v in acc.gauges if not math.isfinite(v) or v < 0]
@@ -302,7 +301,7 @@ def _assemble(
             else:
                 values[name] = sum(acc.gauges)
         for name in COUNTER_FIELDS:
-            acc, gen = _pick(accs, model, name)
+            acc, _ = _pick(accs, model, name)
             if acc is None or not acc.counter_seen:
                 continue
             if acc.problem is not None:
@@ -310,7 +309,7 @@ def _assemble(
                 continue
             values[name] = acc.counter
         for name in HISTOGRAM_FIELDS:
-            acc, gen = _pick(accs, model, name)
+            acc, _ = _pick(accs, model, name)
             if acc is None:
                 continue
             hist = _histogram(acc, f"{model}: {name}", problems)

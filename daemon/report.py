@@ -10,8 +10,8 @@ from daemon.model import Transition
 
 
 def iso(at: float) -> str:
-    return datetime.fromtimestamp(at, tz=UTC).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z"
+    return (
+        datetime.fromtimestamp(at, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     )
 
 

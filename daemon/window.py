@@ -162,17 +162,15 @@ class Window:
                     out[key] = counters[name] / span
                 else:
                     missing[key] = "not exposed by this vLLM"
-            self._latency(
-                "ttft", hists.get("ttft"), (0.5, 0.9, 0.99), span, out, missing
-            )
-            self._latency("itl", hists.get("itl"), (0.5, 0.99), span, out, missing)
+            for name, qs in (("ttft", (0.5, 0.9, 0.99)), ("itl", (0.5, 0.99))):
+                self._latency(name, h=hists.get(name), qs=qs, span=span, out=out, missing=missing)
             for name in ("queue_time", "prefill_time", "decode_time", "prompt_length"):
                 key = "mean_prompt_tokens" if name == "prompt_length" else f"{name}_mean"
-                h = hists.get(name)
-                if h is None:
+                found = hists.get(name)
+                if found is None:
                     missing[key] = "not exposed by this vLLM"
-                elif h.count > 0:
-                    out[key] = h.sum / h.count
+                elif found.count > 0:
+                    out[key] = found.sum / found.count
                 else:
                     missing[key] = "not enough data: no requests finished in the window"
             pre, dec = hists.get("prefill_time"), hists.get("decode_time")
@@ -198,6 +196,7 @@ class Window:
     def _latency(
         self,
         name: str,
+        *,
         h: Histogram | None,
         qs: tuple[float, ...],
         span: float,
@@ -213,8 +212,7 @@ class Window:
             out[f"{name}_mean"] = h.sum / h.count
         if n < self.min_observations:
             missing[f"{name}_p99"] = (
-                f"not enough data: {n:g} observations in {span:g} s "
-                f"(need {self.min_observations})"
+                f"not enough data: {n:g} observations in {span:g} s (need {self.min_observations})"
             )
             return
         for q in qs:

@@ -12,7 +12,12 @@ from daemon.rulebook import load_remediation
 from daemon.settings import load_settings
 
 SETTINGS = load_settings()
-A10G_70B = Ceiling(gpu="NVIDIA A10G", memory_bandwidth_gb_s=600, weight_bytes_per_token=140e9, tokens_per_second=600e9 / 140e9)
+A10G_70B = Ceiling(
+    gpu="NVIDIA A10G",
+    memory_bandwidth_gb_s=600,
+    weight_bytes_per_token=140e9,
+    tokens_per_second=600e9 / 140e9,
+)
 
 
 def rules(ceiling: Ceiling | None = None) -> Rulebook:
@@ -24,15 +29,26 @@ def q(value: float, p: float = 0.99) -> Quantile:
 
 
 HEALTHY: dict[str, Any] = dict(
-    ttft_p99=q(0.3), ttft_mean=0.1, itl_p99=q(0.03), itl_mean=0.02,
-    waiting_mean=0.0, running_mean=4.0, kv_usage_mean=0.2, kv_usage_max=0.25,
-    preemptions_per_second=0.0, queue_time_mean=0.01, prefill_time_share=0.1,
-    decode_tokens_per_second_per_stream=50.0, kv_pool_tokens=100_000,
+    ttft_p99=q(0.3),
+    ttft_mean=0.1,
+    itl_p99=q(0.03),
+    itl_mean=0.02,
+    waiting_mean=0.0,
+    running_mean=4.0,
+    kv_usage_mean=0.2,
+    kv_usage_max=0.25,
+    preemptions_per_second=0.0,
+    queue_time_mean=0.01,
+    prefill_time_share=0.1,
+    decode_tokens_per_second_per_stream=50.0,
+    kv_pool_tokens=100_000,
 )
 
 
 def signals(**changes: Any) -> Signals:
-    return Signals(model_name="m", at=100.0, span_seconds=60.0, snapshots=13, **{**HEALTHY, **changes})
+    return Signals(
+        model_name="m", at=100.0, span_seconds=60.0, snapshots=13, **{**HEALTHY, **changes}
+    )
 
 
 # Each case: the signals of one situation, the cause it must get, and why.
@@ -40,58 +56,124 @@ CASES = [
     pytest.param(
         # waiting, and the pool (100k tokens, 97 % used by 8 requests) has room for
         # 0.25 more request of the current size; preemptions confirm
-        dict(waiting_mean=6.0, running_mean=8.0, kv_usage_mean=0.97, kv_usage_max=0.99,
-             preemptions_per_second=0.4, ttft_p99=q(9.0), ttft_mean=4.0, queue_time_mean=3.5),
-        "kv_pressure", (), id="kv-full-preempting",
+        dict(
+            waiting_mean=6.0,
+            running_mean=8.0,
+            kv_usage_mean=0.97,
+            kv_usage_max=0.99,
+            preemptions_per_second=0.4,
+            ttft_p99=q(9.0),
+            ttft_mean=4.0,
+            queue_time_mean=3.5,
+        ),
+        "kv_pressure",
+        (),
+        id="kv-full-preempting",
     ),
     pytest.param(
         # a small pool (4096 tokens) 70 % used by 2 long requests has room for 0.86
         # more: KV pressure, although usage is far below any fixed 90 % cut-off
-        dict(waiting_mean=3.0, running_mean=2.0, kv_usage_mean=0.7, kv_usage_max=0.72,
-             preemptions_per_second=0.0, kv_pool_tokens=4096, ttft_p99=q(6.0), ttft_mean=3.0,
-             queue_time_mean=2.5),
-        "kv_pressure", (), id="small-pool-headroom-in-requests",
+        dict(
+            waiting_mean=3.0,
+            running_mean=2.0,
+            kv_usage_mean=0.7,
+            kv_usage_max=0.72,
+            preemptions_per_second=0.0,
+            kv_pool_tokens=4096,
+            ttft_p99=q(6.0),
+            ttft_mean=3.0,
+            queue_time_mean=2.5,
+        ),
+        "kv_pressure",
+        (),
+        id="small-pool-headroom-in-requests",
     ),
     pytest.param(
         # many waiting, KV 20 % used: a sequence cap, not memory
-        dict(waiting_mean=20.0, running_mean=16.0, kv_usage_mean=0.2, ttft_p99=q(12.0),
-             ttft_mean=8.0, queue_time_mean=7.5, prefill_time_share=0.1),
-        "queue_bound", (), id="seq-cap-with-kv-room",
+        dict(
+            waiting_mean=20.0,
+            running_mean=16.0,
+            kv_usage_mean=0.2,
+            ttft_p99=q(12.0),
+            ttft_mean=8.0,
+            queue_time_mean=7.5,
+            prefill_time_share=0.1,
+        ),
+        "queue_bound",
+        (),
+        id="seq-cap-with-kv-room",
     ),
     pytest.param(
         # TTFT breached, queue empty, prefill dominates: long prompts
-        dict(ttft_p99=q(4.0), ttft_mean=2.5, queue_time_mean=0.05, prefill_time_share=0.8,
-             prefill_time_mean=2.4, mean_prompt_tokens=12000.0),
-        "prefill_bound", (), id="long-prompts",
+        dict(
+            ttft_p99=q(4.0),
+            ttft_mean=2.5,
+            queue_time_mean=0.05,
+            prefill_time_share=0.8,
+            prefill_time_mean=2.4,
+            mean_prompt_tokens=12000.0,
+        ),
+        "prefill_bound",
+        (),
+        id="long-prompts",
     ),
     pytest.param(
         # requests wait, KV has room, but prefill takes the engine: a prefill backlog
-        dict(ttft_p99=q(8.0), ttft_mean=5.0, queue_time_mean=4.0, waiting_mean=4.0,
-             prefill_time_share=0.85, kv_usage_mean=0.3),
-        "prefill_bound", (), id="prefill-backlog",
+        dict(
+            ttft_p99=q(8.0),
+            ttft_mean=5.0,
+            queue_time_mean=4.0,
+            waiting_mean=4.0,
+            prefill_time_share=0.85,
+            kv_usage_mean=0.3,
+        ),
+        "prefill_bound",
+        (),
+        id="prefill-backlog",
     ),
     pytest.param(
         # ITL breached while prefill takes 75 % of engine time: interference
-        dict(itl_p99=q(0.6), itl_mean=0.08, prefill_time_share=0.75,
-             decode_tokens_per_second_per_stream=12.5),
-        "prefill_bound", (), id="prefill-interference",
+        dict(
+            itl_p99=q(0.6),
+            itl_mean=0.08,
+            prefill_time_share=0.75,
+            decode_tokens_per_second_per_stream=12.5,
+        ),
+        "prefill_bound",
+        (),
+        id="prefill-interference",
     ),
     pytest.param(
         # ITL breached, decode dominates engine time
-        dict(itl_p99=q(0.3), itl_mean=0.25, prefill_time_share=0.05,
-             decode_tokens_per_second_per_stream=4.0),
-        "decode_bound", (), id="slow-decode",
+        dict(
+            itl_p99=q(0.3),
+            itl_mean=0.25,
+            prefill_time_share=0.05,
+            decode_tokens_per_second_per_stream=4.0,
+        ),
+        "decode_bound",
+        (),
+        id="slow-decode",
     ),
     pytest.param(
         # V0 (no queue/prefill histograms): TTFT breached with no one waiting is prefill
         dict(ttft_p99=q(5.0), ttft_mean=3.0, queue_time_mean=None, prefill_time_share=None),
-        "prefill_bound", (), id="v0-ttft-no-queue",
+        "prefill_bound",
+        (),
+        id="v0-ttft-no-queue",
     ),
     pytest.param(
         # V0: TTFT breached with a sustained queue and KV room is queue-bound
-        dict(ttft_p99=q(5.0), ttft_mean=3.0, waiting_mean=8.0, queue_time_mean=None,
-             prefill_time_share=None),
-        "queue_bound", ("prefill_bound",), id="v0-ttft-with-queue",
+        dict(
+            ttft_p99=q(5.0),
+            ttft_mean=3.0,
+            waiting_mean=8.0,
+            queue_time_mean=None,
+            prefill_time_share=None,
+        ),
+        "queue_bound",
+        ("prefill_bound",),
+        id="v0-ttft-with-queue",
     ),
 ]
 
@@ -120,7 +202,10 @@ class TestCauses:
 class TestDecodeCeiling:
     def test_at_the_hardware_limit(self) -> None:
         """Decode at 93 % of the ceiling is the hardware's limit; quantizing comes first."""
-        d = diagnose(signals(itl_p99=q(0.3), itl_mean=0.25, decode_tokens_per_second_per_stream=4.0), rules(A10G_70B))
+        d = diagnose(
+            signals(itl_p99=q(0.3), itl_mean=0.25, decode_tokens_per_second_per_stream=4.0),
+            rules(A10G_70B),
+        )
         assert d.cause == "decode_bound"
         assert d.evidence["decode_limit"] == "hardware"
         assert d.evidence["decode_ceiling_ratio"] == pytest.approx(4.0 / (600 / 140))
@@ -129,14 +214,19 @@ class TestDecodeCeiling:
 
     def test_below_the_ceiling_is_the_serving_stack(self) -> None:
         """Decode at 23 % of the ceiling points at the serving stack, not the card."""
-        d = diagnose(signals(itl_p99=q(0.3), itl_mean=1.0, decode_tokens_per_second_per_stream=1.0), rules(A10G_70B))
+        d = diagnose(
+            signals(itl_p99=q(0.3), itl_mean=1.0, decode_tokens_per_second_per_stream=1.0),
+            rules(A10G_70B),
+        )
         assert d.evidence["decode_limit"] == "serving_stack"
         assert "serving stack" in d.summary
         assert not d.remediation[0].startswith("Quantize")
 
     def test_without_hardware(self) -> None:
         """Without hardware settings the ratio is left out and the summary says why."""
-        d = diagnose(signals(itl_p99=q(0.3), itl_mean=0.25, decode_tokens_per_second_per_stream=4.0), rules())
+        d = diagnose(
+            signals(itl_p99=q(0.3), itl_mean=0.25, decode_tokens_per_second_per_stream=4.0), rules()
+        )
         assert d.cause == "decode_bound"
         assert "decode_ceiling_ratio" not in d.evidence
         assert d.evidence["decode_limit"] == "unknown"
@@ -147,7 +237,9 @@ class TestEvidence:
         """KV pressure's evidence carries the headroom, usage, waiting and preemptions."""
         d = diagnose(signals(**CASES[0].values[0]), rules())
         ev = d.evidence
-        assert ev["kv_headroom_requests"] == pytest.approx((100_000 * 0.03) / (97_000 / 8), rel=1e-5)
+        assert ev["kv_headroom_requests"] == pytest.approx(
+            (100_000 * 0.03) / (97_000 / 8), rel=1e-5
+        )
         assert ev["requests_waiting_mean"] == 6.0
         assert ev["preemptions_per_second"] == 0.4
         assert ev["breaches"] == "ttft_p99,waiting,kv_preemptions"

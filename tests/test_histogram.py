@@ -66,7 +66,7 @@ class TestBucketQuantile:
         for inc in increments:
             total += inc
             cumulative.append(float(total))
-        bounds = tuple(0.01 * 2**i for i in range(len(cumulative) - 1)) + (INF,)
+        bounds = (*(0.01 * 2**i for i in range(len(cumulative) - 1)), INF)
         h = Histogram(bounds=bounds, cumulative=tuple(cumulative), count=total, sum=1.0)
         values = [bucket_quantile(q, h) for q in sorted(qs)]
         if total == 0:

@@ -28,9 +28,21 @@ TABLE = [
     pytest.param([K, K, None, K, K], [], id="blip-does-not-fire"),
     pytest.param([K, K, K], [(2.0, "firing", K, "opened")], id="fires-after-3"),
     # one clear evaluation is not enough to resolve (hysteresis)
-    pytest.param([K, K, K, None, K, None, None], [(2.0, "firing", K, "opened"), (6.0, "resolved", K, "resolved")], id="resolves-after-2-clear"),
+    pytest.param(
+        [K, K, K, None, K, None, None],
+        [(2.0, "firing", K, "opened"), (6.0, "resolved", K, "resolved")],
+        id="resolves-after-2-clear",
+    ),
     # a different cause must also persist before the identity switches
-    pytest.param([K, K, K, Q, K, Q, Q, Q], [(2.0, "firing", K, "opened"), (7.0, "resolved", K, "cause_changed"), (7.0, "firing", Q, "cause_changed")], id="cause-change"),
+    pytest.param(
+        [K, K, K, Q, K, Q, Q, Q],
+        [
+            (2.0, "firing", K, "opened"),
+            (7.0, "resolved", K, "cause_changed"),
+            (7.0, "firing", Q, "cause_changed"),
+        ],
+        id="cause-change",
+    ),
     # two different challengers in a row do not add up
     pytest.param([K, K, K, Q, P, Q, P], [(2.0, "firing", K, "opened")], id="flapping-challengers"),
     # the cause that fires is the one seen when it opens
@@ -40,7 +52,9 @@ TABLE = [
 
 class TestTable:
     @pytest.mark.parametrize(("causes", "expected"), TABLE)
-    def test_walk(self, causes: list[str | None], expected: list[tuple[float, str, str, str]]) -> None:
+    def test_walk(
+        self, causes: list[str | None], expected: list[tuple[float, str, str, str]]
+    ) -> None:
         """Each sequence of evaluations gives exactly the transitions of the table."""
         assert walk(IncidentTracker(open_after=3, resolve_after=2), causes) == expected
 

@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import fixture_text, reference_models, snapshot_models
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import fixture_text, reference_models, snapshot_models
 from daemon.errors import ParseError
 from daemon.parse import SnapshotParser, parse_snapshot
 
@@ -119,7 +119,8 @@ class TestNamingEras:
         """When old and new names are both exposed (0.9-0.14), the new ones are read."""
         text = fixture_text(KVWARDEN) + (
             f'\nvllm:gpu_cache_usage_perc{{engine="0",model_name="{LLAMA}"}} 0.77\n'
-            f'vllm:time_per_output_token_seconds_bucket{{engine="0",le="+Inf",model_name="{LLAMA}"}} 5.0\n'
+            "vllm:time_per_output_token_seconds_bucket"
+            f'{{engine="0",le="+Inf",model_name="{LLAMA}"}} 5.0\n'
             f'vllm:time_per_output_token_seconds_count{{engine="0",model_name="{LLAMA}"}} 5.0\n'
             f'vllm:time_per_output_token_seconds_sum{{engine="0",model_name="{LLAMA}"}} 1.0\n'
         )
@@ -147,12 +148,16 @@ class TestNamingEras:
     def test_engines_are_summed_bucket_by_bucket(self) -> None:
         """Data-parallel engines merge by summing counters and buckets, KV usage by mean/max."""
         base = fixture_text(KVWARDEN)
-        two = base.replace(
-            f'vllm:kv_cache_usage_perc{{engine="0",model_name="{LLAMA}"}} 0.0',
-            f'vllm:kv_cache_usage_perc{{engine="0",model_name="{LLAMA}"}} 0.2',
-        ) + "\n" + with_engine(base, "1", 3.0).replace(
-            f'vllm:kv_cache_usage_perc{{engine="1",model_name="{LLAMA}"}} 0.0',
-            f'vllm:kv_cache_usage_perc{{engine="1",model_name="{LLAMA}"}} 0.6',
+        two = (
+            base.replace(
+                f'vllm:kv_cache_usage_perc{{engine="0",model_name="{LLAMA}"}} 0.0',
+                f'vllm:kv_cache_usage_perc{{engine="0",model_name="{LLAMA}"}} 0.2',
+            )
+            + "\n"
+            + with_engine(base, "1", 3.0).replace(
+                f'vllm:kv_cache_usage_perc{{engine="1",model_name="{LLAMA}"}} 0.0',
+                f'vllm:kv_cache_usage_perc{{engine="1",model_name="{LLAMA}"}} 0.6',
+            )
         )
         snap = parse_snapshot(two, at=0.0)
         one = parse_snapshot(base, at=0.0).models[LLAMA]
@@ -187,7 +192,9 @@ class TestBadInput:
         [
             pytest.param("", "empty body", id="empty"),
             pytest.param("  \n\n", "empty body", id="blank"),
-            pytest.param("<html><body>502 Bad Gateway</body></html>", "not a valid sample line", id="html"),
+            pytest.param(
+                "<html><body>502 Bad Gateway</body></html>", "not a valid sample line", id="html"
+            ),
             pytest.param('{"error": "not found"}', "not a valid sample line", id="json"),
             pytest.param(
                 "# HELP node_load1 1m load average.\n# TYPE node_load1 gauge\nnode_load1 0.21\n",
@@ -206,7 +213,8 @@ class TestBadInput:
                 'vllm:num_requests_running{model_name="m} 1\n', "label", id="unclosed-quote"
             ),
             pytest.param(
-                'vllm:num_requests_running{model_name="m"} 1\nvllm:num_requests_running{model_name="m"} 2\n',
+                'vllm:num_requests_running{model_name="m"} 1\n'
+                'vllm:num_requests_running{model_name="m"} 2\n',
                 "duplicate series",
                 id="duplicate",
             ),
@@ -258,7 +266,10 @@ class TestBadInput:
 
     def test_nan_gauge_is_a_problem(self) -> None:
         """A NaN gauge is left out and reported, not averaged into the window."""
-        text = f'vllm:kv_cache_usage_perc{{model_name="m"}} NaN\nvllm:num_requests_running{{model_name="m"}} 2\n'
+        text = (
+            'vllm:kv_cache_usage_perc{model_name="m"} NaN\n'
+            'vllm:num_requests_running{model_name="m"} 2\n'
+        )
         snap = parse_snapshot(text, at=0.0)
         assert snap.models["m"].kv_usage is None
         assert snap.models["m"].running == 2.0
@@ -298,9 +309,11 @@ class TestParserCache:
 def test_any_text_gives_a_snapshot_or_a_parse_error(text: str) -> None:
     """Whatever the text, the parser returns a Snapshot or raises ParseError."""
     try:
-        parse_snapshot(text, at=0.0)
-    except ParseError:
-        pass
+        snap = parse_snapshot(text, at=0.0)
+    except ParseError as exc:
+        assert str(exc)  # always a message to show
+    else:
+        assert snap.at == 0.0
 
 
 @settings(max_examples=200, deadline=None)
@@ -308,7 +321,11 @@ def test_any_text_gives_a_snapshot_or_a_parse_error(text: str) -> None:
     st.lists(
         st.tuples(
             st.sampled_from(
-                ["vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total"]
+                [
+                    "vllm:num_requests_running",
+                    "vllm:kv_cache_usage_perc",
+                    "vllm:num_preemptions_total",
+                ]
             ),
             st.sampled_from(["a", "b", "c/d"]),
             st.sampled_from(["0", "1"]),
@@ -317,7 +334,9 @@ def test_any_text_gives_a_snapshot_or_a_parse_error(text: str) -> None:
         max_size=12,
     )
 )
-def test_generated_payloads_match_prometheus_client(rows: list[tuple[str, str, str, float]]) -> None:
+def test_generated_payloads_match_prometheus_client(
+    rows: list[tuple[str, str, str, float]],
+) -> None:
     """For generated gauge/counter payloads, our values equal the reference reader's."""
     seen: set[tuple[str, str, str]] = set()
     lines = []

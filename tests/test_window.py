@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from snapshots import hist, snap
 
 from daemon.model import KVPool, ModelSeries, Snapshot
 from daemon.window import Window
-from snapshots import hist, snap
 
 
 def fill(window: Window, snaps: list[Snapshot]) -> None:
@@ -45,7 +45,9 @@ class TestLatency:
         slow = [0] * 8 + [1000, 0, 0]  # 1000 old observations in (5, 10]
         fast = [0, 50] + [0] * 9  # 50 new ones in (0.02, 0.04]
         both = [s + f for s, f in zip(slow, fast, strict=True)]
-        fill(w, [snap(0.0, ttft=hist(slow, total=7000.0)), snap(30.0, ttft=hist(both, total=7001.5))])
+        fill(
+            w, [snap(0.0, ttft=hist(slow, total=7000.0)), snap(30.0, ttft=hist(both, total=7001.5))]
+        )
         s = w.signals("m")
         assert s.ttft_p99 is not None and s.ttft_p99.value <= 0.04
         assert s.ttft_count == 50
@@ -100,7 +102,10 @@ class TestGaugesAndShape:
     def test_gauges_mean_and_max(self) -> None:
         """Gauges are the mean and max of the window's samples."""
         w = Window(60)
-        fill(w, [snap(t * 10.0, waiting=float(v), kv_usage=v / 10) for t, v in enumerate([0, 2, 4, 6])])
+        fill(
+            w,
+            [snap(t * 10.0, waiting=float(v), kv_usage=v / 10) for t, v in enumerate([0, 2, 4, 6])],
+        )
         s = w.signals("m")
         assert s.waiting_mean == pytest.approx(3.0) and s.waiting_max == 6.0
         assert s.waiting_min == 0.0
