@@ -42,6 +42,14 @@ _ESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
 LabelSet = dict[str, str]
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _unescape(value: str) -> str:
     return _ESCAPES.sub(lambda m: _ESCAPED.get(m.group(1), "\\" + m.group(1)), value)
 
@@ -70,6 +78,9 @@ class SnapshotParser:
 
     def __init__(self, *, max_cached_label_sets: int = 20_000) -> None:
         self._labels: dict[str, LabelSet] = {}
+        # Lines of families we do not read whose name and labels already passed the
+        # grammar: next time only their value needs checking.
+        self._checked: set[str] = set()
         self._max_cached = max_cached_label_sets
 
     def parse_bytes(self, body: bytes, at: float) -> Snapshot:
@@ -109,8 +120,10 @@ class SnapshotParser:
         any_vllm = False
         line_re = _SAMPLE_LINE
 
-        for lineno, raw_line in enumerate(text.split("\n"), start=1):
-            line = raw_line.rstrip("\r")
+        if "\r" in text:
+            text = text.replace("\r\n", "\n")
+        checked = self._checked
+        for lineno, line in enumerate(text.split("\n"), start=1):
             if not line or line[0] == "#":
                 continue
             hit = None
@@ -123,8 +136,13 @@ class SnapshotParser:
             if hit is None:
                 # Not a series we read: check its grammar only, so that a garbled or
                 # truncated body is refused rather than half-read.
-                if line_re.fullmatch(line) is None:
-                    raise ParseError(f"not a valid sample line: {line[:120]!r}", line=lineno)
+                head, _, value_text = line.rpartition(" ")
+                if head not in checked or not _is_number(value_text):
+                    if line_re.fullmatch(line) is None:
+                        raise ParseError(f"not a valid sample line: {line[:120]!r}", line=lineno)
+                    if len(checked) >= self._max_cached:
+                        checked.clear()
+                    checked.add(head)
                 if not any_vllm and line.startswith(PREFIXES):
                     any_vllm = True
                 continue

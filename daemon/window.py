@@ -28,10 +28,15 @@ from daemon.names import COUNTER_FIELDS, HISTOGRAM_FIELDS
 
 @dataclass(frozen=True, slots=True)
 class _Step:
-    """What one model did between the previous snapshot and this one."""
+    """What one model did between the previous snapshot and this one.
+
+    ``restarted`` names the fields whose delta is not simply newer minus older (a counter
+    reset, a changed bucket layout): only windows without one may take the fast path.
+    """
 
     counters: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, Histogram] = field(default_factory=dict)
+    restarted: frozenset[str] = frozenset()
 
 
 def _step(newer: ModelSeries, older: ModelSeries | None) -> _Step:
@@ -40,16 +45,87 @@ def _step(newer: ModelSeries, older: ModelSeries | None) -> _Step:
         # known to have happened inside the window.
         return _Step()
     counters: dict[str, float] = {}
+    restarted: set[str] = set()
     for name in COUNTER_FIELDS:
         new, old = getattr(newer, name), getattr(older, name)
         if new is not None and old is not None:
             counters[name] = counter_delta(new, old)
+            if new < old:
+                restarted.add(name)
     histograms: dict[str, Histogram] = {}
     for name in HISTOGRAM_FIELDS:
         new_h, old_h = getattr(newer, name), getattr(older, name)
         if new_h is not None and old_h is not None:
-            histograms[name] = histogram_delta(new_h, old_h)
-    return _Step(counters, histograms)
+            histograms[name] = delta = histogram_delta(new_h, old_h)
+            if delta is new_h:
+                restarted.add(name)
+    return _Step(counters, histograms, frozenset(restarted))
+
+
+def _window_deltas(
+    first: ModelSeries | None, newest: ModelSeries | None, steps: list[_Step | None]
+) -> tuple[dict[str, float], dict[str, Histogram], set[str]]:
+    """Counter increases and histogram deltas over the window, from its steps.
+
+    When every step has a plain delta for a field (no reset, no layout change, the model
+    present throughout), the sum of the steps telescopes to newest minus first: one
+    subtraction instead of one per step. Otherwise the steps are summed one by one, which
+    handles resets and gaps. ``tests/test_window.py`` checks that both paths agree.
+    """
+    counters: dict[str, float] = {}
+    hists: dict[str, Histogram] = {}
+    layout_changed: set[str] = set()
+    slow: list[str] = []
+    for name in (*COUNTER_FIELDS, *HISTOGRAM_FIELDS):
+        plain = (
+            first is not None
+            and newest is not None
+            and all(
+                st is not None
+                and (name in st.counters or name in st.histograms)
+                and name not in st.restarted
+                for st in steps
+            )
+        )
+        if not plain or not steps:
+            slow.append(name)
+            continue
+        new, old = getattr(newest, name), getattr(first, name)
+        if name in COUNTER_FIELDS:
+            counters[name] = new - old
+        else:
+            hists[name] = histogram_delta(new, old)
+    if slow:
+        _sum_steps(slow, steps, counters, hists, layout_changed)
+    return counters, hists, layout_changed
+
+
+def _sum_steps(
+    names: list[str],
+    steps: list[_Step | None],
+    counters: dict[str, float],
+    hists: dict[str, Histogram],
+    layout_changed: set[str],
+) -> None:
+    wanted = set(names)
+    for step in steps:
+        if step is None:
+            continue
+        for name, delta in step.counters.items():
+            if name in wanted:
+                counters[name] = counters.get(name, 0.0) + delta
+        for name, h in step.histograms.items():
+            if name not in wanted:
+                continue
+            have = hists.get(name)
+            if have is None:
+                hists[name] = h
+            elif have.bounds == h.bounds:
+                hists[name] = histogram_add(have, h)
+            else:
+                # vLLM changed its buckets mid-window (an upgrade): keep the newer.
+                hists[name] = h
+                layout_changed.add(name)
 
 
 class Window:
@@ -122,25 +198,11 @@ class Window:
             out["kv_usage_max"] = max(kv_max)
 
         # Counters and histograms: the steps after the window's first snapshot.
-        counters: dict[str, float] = {}
-        hists: dict[str, Histogram] = {}
-        layout_changed: set[str] = set()
-        for _, steps in entries[1:]:
-            step = steps.get(model)
-            if step is None:
-                continue
-            for name, delta in step.counters.items():
-                counters[name] = counters.get(name, 0.0) + delta
-            for name, h in step.histograms.items():
-                have = hists.get(name)
-                if have is None:
-                    hists[name] = h
-                elif have.bounds == h.bounds:
-                    hists[name] = histogram_add(have, h)
-                else:
-                    # vLLM changed its buckets mid-window (an upgrade): keep the newer.
-                    hists[name] = h
-                    layout_changed.add(name)
+        counters, hists, layout_changed = _window_deltas(
+            first.models.get(model),
+            newest.models.get(model),
+            [steps.get(model) for _, steps in entries[1:]],
+        )
 
         if span <= 0:
             reason = "not enough data: one snapshot in the window, rates need two"

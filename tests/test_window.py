@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from snapshots import hist, snap
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from daemon.model import KVPool, ModelSeries, Snapshot
-from daemon.window import Window
+from daemon.model import Histogram, KVPool, ModelSeries, Snapshot
+from daemon.window import Window, _sum_steps, _window_deltas
+
+from snapshots import hist, snap
 
 
 def fill(window: Window, snaps: list[Snapshot]) -> None:
@@ -152,3 +155,44 @@ class TestGaugesAndShape:
         """A bare series has nothing but its name: every signal is None or zero."""
         m = ModelSeries(model_name="x")
         assert m.ttft is None and m.running is None
+
+
+class TestFastPathEquivalence:
+    @settings(max_examples=150, deadline=None)
+    @given(
+        st.lists(
+            st.tuples(
+                st.integers(min_value=0, max_value=50),  # new observations this step
+                st.booleans(),  # restart before this step
+                st.booleans(),  # model missing from this snapshot
+            ),
+            min_size=2,
+            max_size=14,
+        )
+    )
+    def test_fast_path_equals_summing_steps(self, plan: list[tuple[int, bool, bool]]) -> None:
+        """newest-minus-first (no resets) and the step-by-step sum give the same deltas."""
+        w = Window(10_000)
+        total = 0
+        at = 0.0
+        for new, restart, missing in plan:
+            total = new if restart else total + new
+            at += 5.0
+            per_bucket = [total // 2, total - total // 2] + [0] * 9
+            if missing:
+                w.push(Snapshot(at=at, era="v1", prefix="vllm:", models={}))
+            else:
+                w.push(snap(at, ttft=hist(per_bucket, total=total * 0.5), preemptions=float(total)))
+        entries = list(w._entries)
+        steps = [s.get("m") for _, s in entries[1:]]
+        first, newest = entries[0][0].models.get("m"), entries[-1][0].models.get("m")
+        fast = _window_deltas(first, newest, steps)
+        counters: dict[str, float] = {}
+        hists: dict[str, Histogram] = {}
+        _sum_steps(["preemptions", "ttft"], steps, counters, hists, set())
+        assert fast[0].get("preemptions") == counters.get("preemptions")
+        got, want = fast[1].get("ttft"), hists.get("ttft")
+        assert (got is None) == (want is None)
+        if got is not None and want is not None:
+            assert got.cumulative == want.cumulative and got.count == want.count
+            assert got.sum == pytest.approx(want.sum)

@@ -1,0 +1,56 @@
+"""vLLM's histogram bucket bounds, copied from real payloads, for both metric eras.
+
+The engine counts into the V1 bounds; the V0 (0.5/0.6-era) bounds are subsets of them,
+so one set of counts renders both eras exactly (see ``exposition``). Sources, in
+``tests/fixtures/vllm/``: V1 from ``kvwarden-vllm-0.19.1-v1.txt`` (vLLM 0.19.1),
+V0 from ``kubeai-vllm-0.5.x-v0.txt`` (vLLM 0.5.3-0.5.4).
+"""
+
+from __future__ import annotations
+
+#: ``vllm:time_to_first_token_seconds`` (V1, 0.19.1).
+TTFT_V1: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+    7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+#: ``vllm:inter_token_latency_seconds`` (V1, 0.19.1).
+ITL_V1: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+#: e2e, queue, prefill and decode request-phase histograms (V1, 0.19.1): one list.
+REQUEST_LATENCY_V1: tuple[float, ...] = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+#: ``vllm:time_to_first_token_seconds`` (V0, 0.5.x).
+TTFT_V0: tuple[float, ...] = TTFT_V1[: TTFT_V1.index(10.0) + 1]
+#: ``vllm:time_per_output_token_seconds`` (V0, 0.5.x), the ITL's old name.
+TPOT_V0: tuple[float, ...] = ITL_V1[: ITL_V1.index(2.5) + 1]
+#: ``vllm:e2e_request_latency_seconds`` (V0, 0.5.x).
+E2E_V0: tuple[float, ...] = (1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+
+TOKENS_GRID_MAX = 10**7
+"""Token-count histograms are counted up to here; vLLM cuts them at ``max_model_len``."""
+
+
+def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value``: vLLM's ``build_1_2_5_buckets``.
+
+    vLLM sizes ``vllm:request_prompt_tokens`` and ``vllm:request_generation_tokens`` with
+    it from ``max_model_len`` (4096 in the kvwarden capture gives 1 ... 2000; the kubeai
+    capture's 1 ... 10000 means a max_model_len between 10000 and 19999).
+    """
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > max_value:
+                return tuple(out)
+            out.append(float(value))
+        exponent += 1
+
+
+TOKENS_GRID: tuple[float, ...] = build_1_2_5_buckets(TOKENS_GRID_MAX)

@@ -1,0 +1,111 @@
+"""What a simulated engine counts: vLLM's counters and histograms, and per-request timelines.
+
+Kept apart from the scheduling model in ``engine`` because these are the quantities the
+daemon reads back through ``/metrics``; ``exposition`` renders them in either era.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Literal
+
+from daemon.simulator.buckets import ITL_V1, REQUEST_LATENCY_V1, TOKENS_GRID, TTFT_V1
+
+FinishedReason = Literal["stop", "length", "abort", "error", "repetition"]
+#: The ``finished_reason`` label values vLLM V1 pre-creates, in its order.
+FINISHED_REASONS: tuple[FinishedReason, ...] = ("stop", "length", "abort", "error", "repetition")
+
+
+class Histogram:
+    """Cumulative observations in fixed buckets (``le`` semantics), plus sum and count.
+
+    Buckets are the finest bounds any rendered era uses; ``cumulative`` re-reads them at
+    any subset of those bounds, exactly.
+    """
+
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one is (bounds[-1], +Inf)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self, bounds: tuple[float, ...]) -> list[int]:
+        """Counts ``<= b`` for each ``b`` in ``bounds`` (a subset of ours), then +Inf."""
+        running: list[int] = []
+        total = 0
+        for count in self.counts:
+            total += count
+            running.append(total)
+        try:
+            return [running[self.bounds.index(b)] for b in bounds] + [total]
+        except ValueError:
+            raise ValueError(f"bounds {bounds} are not a subset of {self.bounds}") from None
+
+
+def _latency() -> Histogram:
+    return Histogram(REQUEST_LATENCY_V1)
+
+
+def _tokens() -> Histogram:
+    return Histogram(TOKENS_GRID)
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """What vLLM counts, cumulative since the engine started (counters never go down)."""
+
+    preemptions: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    finished: dict[FinishedReason, int] = field(
+        default_factory=lambda: dict.fromkeys(FINISHED_REASONS, 0)
+    )
+    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_V1))
+    itl: Histogram = field(default_factory=lambda: Histogram(ITL_V1))
+    e2e: Histogram = field(default_factory=_latency)
+    queue: Histogram = field(default_factory=_latency)
+    prefill: Histogram = field(default_factory=_latency)
+    decode: Histogram = field(default_factory=_latency)
+    request_prompt_tokens: Histogram = field(default_factory=_tokens)
+    request_generation_tokens: Histogram = field(default_factory=_tokens)
+    steps: int = 0
+    busy_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One finished request's timeline (kept only with ``Engine(keep_records=True)``)."""
+
+    arrival_s: float
+    scheduled_s: float
+    first_token_s: float
+    finished_s: float
+    prompt_tokens: int
+    output_tokens: int
+    preemptions: int
+    finished_reason: FinishedReason
+    inter_token_s: tuple[float, ...]
+
+    @property
+    def queue_s(self) -> float:
+        return self.scheduled_s - self.arrival_s
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def prefill_s(self) -> float:
+        return self.first_token_s - self.scheduled_s
+
+    @property
+    def decode_s(self) -> float:
+        return self.finished_s - self.first_token_s
