@@ -105,6 +105,52 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(func=_run_replay)
 
 
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from daemon.demo import DEFAULT_SCENARIOS
+
+    p = sub.add_parser(
+        "demo",
+        help="diagnose simulated vLLM servers, one per cause (no GPU needed)",
+        description=(
+            "Simulate a vLLM server in virtual time for each scenario (healthy, then one per "
+            "cause), render its /metrics as vLLM does, and run every scrape through the "
+            "same diagnosis as a live run. Takes seconds. Exit 1 if a scenario is not "
+            "diagnosed as the cause it was built to show."
+        ),
+    )
+    p.add_argument(
+        "--scenario",
+        action="append",
+        choices=(*DEFAULT_SCENARIOS, "tour"),
+        metavar="NAME",
+        help=f"run only this scenario (repeatable; one of {', '.join(DEFAULT_SCENARIOS)}, tour)",
+    )
+    p.add_argument(
+        "--duration",
+        type=_positive,
+        default=300.0,
+        metavar="S",
+        help="simulated seconds per scenario (default 300)",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML settings (SLOs, thresholds); hardware comes from each scenario",
+    )
+    p.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text for people, json for one transition per line",
+    )
+    p.add_argument(
+        "--record",
+        metavar="DIR",
+        help="also write each scenario's scrapes to DIR/<scenario>/, ready for `replay`",
+    )
+    p.set_defaults(func=_run_demo)
+
+
 def _add_check_config(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "check-config",
@@ -158,6 +204,49 @@ def _run_replay(args: argparse.Namespace) -> int:
     return 1 if args.strict and skipped else 0
 
 
+def _run_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from daemon.demo import DEFAULT_SCENARIOS, EXPECTED, run_demo
+    from daemon.report import transition_json, transition_text
+    from daemon.settings import load_settings
+
+    names = tuple(args.scenario or DEFAULT_SCENARIOS)
+    text = args.format == "text"
+    if text:
+        print(
+            f"vllm-triage demo: {len(names)} simulated vLLM servers, {args.duration:g} s each, "
+            "diagnosed from their /metrics as a live run would be.\n"
+        )
+    good = 0
+    record_dir = Path(args.record) if args.record else None
+    for run in run_demo(
+        load_settings(args.config), names, duration_s=args.duration, record_dir=record_dir
+    ):
+        expected = EXPECTED.get(run.name)
+        first = run.fired[0] if run.fired else None
+        ok = run.name == "tour" or first == expected
+        good += ok
+        if not text:
+            for t in run.transitions:
+                print(transition_json(t, target=f"simulated/{run.name}"), flush=True)
+            continue
+        print(f"== {run.name}: {run.description}")
+        for t in run.transitions:
+            print("   " + transition_text(t).replace("\n", "\n   "))
+        verdict = "no incident" if first is None else f"diagnosed {first}"
+        wanted = "no incident" if expected is None else expected
+        mark = "as expected" if ok else f"EXPECTED {wanted}"
+        print(f"   -> {verdict} over {run.scrapes} scrapes: {mark}\n", flush=True)
+    if text:
+        print(f"{good}/{len(names)} scenarios diagnosed as expected.")
+        if record_dir is not None:
+            print(
+                f"Recordings in {record_dir}/<scenario>/: try `vllm-triage replay {record_dir}/{names[-1]}`."
+            )
+    return 0 if good == len(names) else 1
+
+
 def _run_check_config(args: argparse.Namespace) -> int:
     from daemon.rulebook import build_rulebook
     from daemon.settings import load_settings
@@ -189,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-level", default="info", choices=("debug", "info", "warning", "error")
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_demo(sub)
     _add_record(sub)
     _add_replay(sub)
     ceiling_cmd.add_parser(sub)

@@ -72,6 +72,8 @@ class _Facts:
     kv_tight: bool | None
     queue_share: float | None
     prefill_share: float | None
+    itl_spread: float | None
+    prompts: bool
     ceiling_ratio: float | None
 
 
@@ -105,6 +107,8 @@ def _facts(s: Signals, rules: Rulebook) -> _Facts:
         kv_tight=kv_tight,
         queue_share=_ratio(s.queue_time_mean, s.ttft_mean),
         prefill_share=s.prefill_time_share,
+        itl_spread=_ratio(itl, _value(s.itl_p50)),
+        prompts=(s.prompt_tokens_per_second or 0.0) > 0.0,
         ceiling_ratio=ratio,
     )
 
@@ -154,19 +158,22 @@ def _checks(cause: Cause, f: _Facts, th: Thresholds) -> list[bool | None]:
             queue_dominant,
             None if prefill_dominant is None else not prefill_dominant,
         ]
+    spiky = None if f.itl_spread is None else f.itl_spread >= th.itl_spike_ratio
+    interference = f.itl_breach and (prefill_dominant is True or (spiky is True and f.prompts))
     if cause == "prefill_bound":
         ttft_side = f.ttft_breach and (queue_dominant is not True or prefill_dominant is True)
         backlog = f.waiting_sustained and prefill_dominant is True and room is not False
-        interference = f.itl_breach and prefill_dominant is True
         return [
             ttft_side or backlog or interference,
             prefill_dominant,
             None if f.queue_share is None else not queue_dominant or prefill_dominant,
+            spiky if f.itl_breach else None,
         ]
-    # decode_bound
+    # decode_bound: every token slow (p50 near p99), the engine busy decoding
     return [
-        f.itl_breach and prefill_dominant is not True,
+        f.itl_breach and not interference,
         None if prefill_dominant is None else not prefill_dominant,
+        None if spiky is None else not spiky,
         None if f.ceiling_ratio is None else True,
     ]
 
@@ -183,6 +190,7 @@ def _evidence(s: Signals, f: _Facts, rules: Rulebook) -> dict[str, float | int |
         "ttft_p99_position": s.ttft_p99.position if s.ttft_p99 else None,
         "ttft_p99_slo_seconds": rules.slo.ttft_p99_seconds,
         "ttft_mean_seconds": s.ttft_mean,
+        "itl_p50_seconds": _value(s.itl_p50),
         "itl_p99_seconds": _value(s.itl_p99),
         "itl_p99_position": s.itl_p99.position if s.itl_p99 else None,
         "itl_p99_slo_seconds": rules.slo.itl_p99_seconds,
@@ -197,6 +205,7 @@ def _evidence(s: Signals, f: _Facts, rules: Rulebook) -> dict[str, float | int |
         "preemptions_per_second": s.preemptions_per_second,
         "queue_time_mean_seconds": s.queue_time_mean,
         "queue_share_of_ttft": f.queue_share,
+        "itl_p99_over_p50": f.itl_spread,
         "prefill_time_mean_seconds": s.prefill_time_mean,
         "prefill_time_share": f.prefill_share,
         "mean_prompt_tokens": s.mean_prompt_tokens,
@@ -225,13 +234,14 @@ def _summary(cause: Cause, s: Signals, f: _Facts, rules: Rulebook) -> tuple[str,
     slo = rules.slo
     if cause == "kv_pressure":
         room = (
-            f"room for {f.kv_headroom_requests:.1f} more requests"
+            f", room for {f.kv_headroom_requests:.1f} more requests of the current size"
             if f.kv_headroom_requests is not None
-            else f"{_fmt(s.kv_usage_max and s.kv_usage_max * 100, '%', 3)} used"
+            else ""
         )
         return (
-            f"KV cache full ({room}): {f.waiting:.1f} requests waiting, "
-            f"{_fmt(s.preemptions_per_second, '/s')} preemptions",
+            f"KV cache ran out: {_fmt(s.preemptions_per_second, '/s')} preemptions, "
+            f"{f.waiting:.1f} requests waiting; KV "
+            f"{_fmt(s.kv_usage_max and s.kv_usage_max * 100, '%', 3)} used at peak{room}",
             None,
         )
     if cause == "queue_bound":
@@ -242,17 +252,32 @@ def _summary(cause: Cause, s: Signals, f: _Facts, rules: Rulebook) -> tuple[str,
             None,
         )
     if cause == "prefill_bound":
-        if not f.ttft_breach and f.itl_breach:
-            return (
-                f"ITL p99 {_fmt(_value(s.itl_p99), ' s')} > SLO {slo.itl_p99_seconds:g} s while "
-                f"{_fmt(f.prefill_share and f.prefill_share * 100, '%', 3)} of engine time is "
-                "prefill: prefill interference",
-                None,
+        parts = []
+        if f.ttft_breach:
+            parts.append(
+                f"TTFT p99 {_fmt(_value(s.ttft_p99), ' s')} > SLO {slo.ttft_p99_seconds:g} s "
+                "with the queue not to blame"
             )
+        elif f.waiting_sustained:
+            parts.append(f"{f.waiting:.1f} requests wait behind prefill work")
+        if f.itl_breach:
+            parts.append(
+                f"ITL p99 {_fmt(_value(s.itl_p99), ' s')} > SLO {slo.itl_p99_seconds:g} s while "
+                f"p50 is {_fmt(_value(s.itl_p50), ' s')}: prefill steps stall the streams "
+                "(prefill interference)"
+            )
+        share = (
+            f", {f.prefill_share:.0%} of engine time in prefill"
+            if f.prefill_share is not None
+            else ""
+        )
+        prompt = (
+            f"{s.mean_prompt_tokens:,.0f}-token prompts"
+            if s.mean_prompt_tokens is not None
+            else "prompts"
+        )
         return (
-            f"TTFT p99 {_fmt(_value(s.ttft_p99), ' s')} > SLO {slo.ttft_p99_seconds:g} s with the "
-            f"queue not to blame: prefill {_fmt(s.prefill_time_mean, ' s')} mean for "
-            f"{_fmt(s.mean_prompt_tokens, ' tokens', 4)} prompts",
+            "; ".join(parts) + f": {prompt}, prefill {_fmt(s.prefill_time_mean, ' s')} mean{share}",
             None,
         )
     head = (

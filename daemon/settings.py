@@ -41,6 +41,7 @@ class Thresholds(BaseModel):
     kv_usage_full: float = Field(gt=0, le=1)
     queue_share_of_ttft: float = Field(gt=0, lt=1)
     prefill_dominant_share: float = Field(gt=0, lt=1)
+    itl_spike_ratio: float = Field(gt=1)
     near_ceiling_ratio: float = Field(gt=0, le=1)
 
 
