@@ -242,7 +242,8 @@ def _run_demo(args: argparse.Namespace) -> int:
         print(f"{good}/{len(names)} scenarios diagnosed as expected.")
         if record_dir is not None:
             print(
-                f"Recordings in {record_dir}/<scenario>/: try `vllm-triage replay {record_dir}/{names[-1]}`."
+                f"Recordings in {record_dir}/<scenario>/: "
+                f"try `vllm-triage replay {record_dir}/{names[-1]}`."
             )
     return 0 if good == len(names) else 1
 

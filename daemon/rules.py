@@ -30,11 +30,28 @@ def read_yaml_text(text: str, *, source: str) -> Any:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
 
 
+def _source_tree_rules() -> Path:
+    """``rules/`` beside ``daemon/`` in a source checkout that was never installed."""
+    return Path(__file__).resolve().parent.parent / "rules"
+
+
 def read_bundled(name: str) -> Any:
-    """Load one YAML file from the bundled ``rules/``."""
+    """Load one YAML file from the bundled ``rules/``.
+
+    Installed, the files are the package ``daemon.bundled_rules``; run from a source
+    checkout that was never installed (``python -m pytest`` in the repository), they
+    are the checkout's ``rules/`` folder.
+    """
     try:
         text = resources.files(PACKAGE).joinpath(name).read_text(encoding="utf-8")
-    except (FileNotFoundError, ModuleNotFoundError) as exc:
+    except ModuleNotFoundError:
+        try:
+            text = (_source_tree_rules() / name).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(
+                f"{bundled_path(name)}: not found ({exc}); reinstall vllm-triage"
+            ) from exc
+    except FileNotFoundError as exc:
         raise ConfigError(
             f"{bundled_path(name)}: missing from the installed package ({exc}); "
             "reinstall vllm-triage"

@@ -7,12 +7,13 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import fixture_text, reference_models, snapshot_models
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.errors import ParseError
 from daemon.parse import SnapshotParser, parse_snapshot
+
+from conftest import fixture_text, reference_models, snapshot_models
 
 KVWARDEN = "kvwarden-vllm-0.19.1-v1.txt"
 KUBEAI = "kubeai-vllm-0.5.x-v0.txt"

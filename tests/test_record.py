@@ -6,12 +6,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import fixture_text
-from localserver import serving
 from structlog.testing import capture_logs
 
 from daemon.errors import ScrapeError
 from daemon.record import fetch, record
+
+from conftest import fixture_text
+from localserver import serving
 
 BODY = fixture_text("kvwarden-vllm-0.19.1-v1.txt").encode()
 

@@ -30,7 +30,7 @@ class TestLayers:
             write(tmp_path, "slo:\n  ttft_p99_seconds: 0.8\nhardware:\n  gpu: H100\n")
         )
         assert s.slo.ttft_p99_seconds == 0.8
-        assert s.slo.itl_p99_seconds == 0.2
+        assert s.slo.itl_p99_seconds == 0.1
         assert s.hardware.gpu == "H100"
 
     def test_environment_beats_the_file(

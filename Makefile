@@ -1,0 +1,36 @@
+# Developer shortcuts. The README's two commands need only Python and pip; these need make.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: help venv test lint bench demo clean
+
+help:
+	@echo "make venv   create $(VENV) with vllm-triage (editable) and the test tools"
+	@echo "make test   run the test suite"
+	@echo "make lint   ruff and mypy --strict"
+	@echo "make bench  benchmark the core against a bare prometheus_client parse"
+	@echo "make demo   run the built-in demo"
+
+$(BIN)/vllm-triage: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[test]'
+
+venv: $(BIN)/vllm-triage
+
+test: venv
+	$(BIN)/pytest
+
+lint: venv
+	$(BIN)/ruff check daemon tests bench
+	$(BIN)/ruff format --check daemon tests bench
+	$(BIN)/mypy
+
+bench: venv
+	$(BIN)/python bench/bench_core.py
+
+demo: venv
+	$(BIN)/vllm-triage demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,167 @@
+"""Tests for daemon/cli.py: the installed command, run as a user would, from elsewhere."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from clirun import vllm_triage
+from localserver import serving
+
+SEED = {
+    "CPU, dual-channel DDR5-5600": 6,
+    "NVIDIA A10G": 38,
+    "NVIDIA L40S": 54,
+    "NVIDIA RTX 4090": 63,
+    "NVIDIA A100 80GB SXM": 127,
+    "NVIDIA H100 SXM": 209,
+}
+CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+
+
+class TestHelp:
+    def test_help_lists_the_commands(self, tmp_path: Path) -> None:
+        """--help explains the tool and names every subcommand."""
+        result = vllm_triage("--help", cwd=tmp_path)
+        assert result.returncode == 0
+        for command in ("demo", "record", "replay", "ceiling", "check-config"):
+            assert command in result.stdout
+        assert "VLLM_TRIAGE_" in result.stdout
+
+    def test_no_command_is_usage_error(self, tmp_path: Path) -> None:
+        """With no subcommand it prints the help and exits 2."""
+        result = vllm_triage(cwd=tmp_path)
+        assert result.returncode == 2 and "usage:" in result.stdout
+
+    def test_bad_flag_value(self, tmp_path: Path) -> None:
+        """A nonsense flag value is refused by name."""
+        result = vllm_triage(
+            "record", "http://127.0.0.1:1/metrics", "--out", "x", "--interval", "-1", cwd=tmp_path
+        )
+        assert result.returncode == 2 and "--interval" in result.stderr
+
+
+class TestCeiling:
+    def test_seed_table_from_any_directory(self, tmp_path: Path) -> None:
+        """`ceiling --parameters-billion 8 --dtype float16` reproduces the seed's table."""
+        result = vllm_triage(
+            "ceiling",
+            "--parameters-billion",
+            "8",
+            "--dtype",
+            "float16",
+            "--format",
+            "json",
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stderr
+        rows = {row["gpu"]: row for row in json.loads(result.stdout)}
+        assert {gpu: round(rows[gpu]["decode_ceiling_tokens_per_s"]) for gpu in SEED} == SEED
+        assert all(
+            {"gpu", "memory_bandwidth_gb_s", "decode_ceiling_tokens_per_s"} <= r.keys()
+            for r in rows.values()
+        )
+
+    def test_config_json_adds_kv_bytes(self, tmp_path: Path) -> None:
+        """`ceiling --config-json` adds kv_bytes_per_token: 131072 for the 8B layout."""
+        cfg = CONFIGS / "llama-3.1-8b.json"
+        result = vllm_triage("ceiling", "--config-json", str(cfg), "--format", "json", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert {row["kv_bytes_per_token"] for row in json.loads(result.stdout)} == {131072}
+
+
+class TestDemo:
+    def test_demo_json(self, tmp_path: Path) -> None:
+        """The demo's queue scenario fires queue_bound, as JSON lines."""
+        result = vllm_triage(
+            "demo",
+            "--scenario",
+            "queue_bound",
+            "--duration",
+            "90",
+            "--format",
+            "json",
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stderr
+        events = [json.loads(line) for line in result.stdout.splitlines()]
+        assert events[0]["diagnosis"] == "queue_bound"
+        assert events[0]["target"] == "simulated/queue_bound"
+
+    def test_demo_records_for_replay(self, tmp_path: Path) -> None:
+        """`demo --record DIR` writes a recording that `replay` diagnoses the same way."""
+        demo = vllm_triage(
+            "demo",
+            "--scenario",
+            "kv_pressure",
+            "--duration",
+            "120",
+            "--record",
+            "rec",
+            cwd=tmp_path,
+        )
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        assert "1/1 scenarios diagnosed as expected" in demo.stdout
+        replay = vllm_triage("replay", "rec/kv_pressure", "--format", "json", cwd=tmp_path)
+        assert json.loads(replay.stdout.splitlines()[0])["diagnosis"] == "kv_pressure"
+
+
+class TestRecord:
+    def test_record_a_local_server(self, tmp_path: Path) -> None:
+        """`record` saves scrapes of a server on 127.0.0.1 and stops after --duration."""
+        body = b'vllm:num_requests_running{model_name="m"} 1.0\n'
+        with serving([(200, body)]) as (url, seen):
+            result = vllm_triage(
+                "record",
+                url,
+                "--out",
+                "rec",
+                "--interval",
+                "0.2",
+                "--duration",
+                "0.9",
+                cwd=tmp_path,
+                timeout=30,
+            )
+        files = sorted((tmp_path / "rec").glob("*.prom"))
+        assert result.returncode == 0, result.stderr
+        assert 3 <= len(files) <= 6 and len(seen) == len(files)
+        assert files[0].read_bytes() == body
+
+    def test_record_dead_target_exits_1(self, tmp_path: Path) -> None:
+        """Recording a target that never answers writes nothing, logs why, and exits 1."""
+        with serving([(200, b"")]) as (url, _):
+            pass
+        result = vllm_triage(
+            "record",
+            url,
+            "--out",
+            "rec",
+            "--interval",
+            "0.2",
+            "--duration",
+            "0.5",
+            cwd=tmp_path,
+            timeout=30,
+        )
+        assert result.returncode == 1
+        assert "scrape_failed" in result.stderr
+
+
+class TestCheckConfig:
+    def test_prints_effective_settings(self, tmp_path: Path) -> None:
+        """check-config prints the merged settings and the resolved ceiling."""
+        cfg = tmp_path / "t.yaml"
+        cfg.write_text("hardware:\n  gpu: h100\nmodel:\n  parameters_billion: 8\n")
+        result = vllm_triage("check-config", "--config", str(cfg), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["hardware"]["gpu"] == "h100"
+        assert "209.4 tok/s per stream on NVIDIA H100 SXM" in result.stderr
+
+    def test_unknown_gpu(self, tmp_path: Path) -> None:
+        """An unknown GPU name is a configuration error listing the known ones."""
+        cfg = tmp_path / "t.yaml"
+        cfg.write_text("hardware:\n  gpu: potato\nmodel:\n  parameters_billion: 8\n")
+        result = vllm_triage("check-config", "--config", str(cfg), cwd=tmp_path)
+        assert result.returncode == 2
+        assert "potato" in result.stderr and "NVIDIA H100 SXM" in result.stderr
