@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from clirun import vllm_triage
+
 from localserver import serving
 
 SEED = {

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from clirun import vllm_triage
+
 from daemon.errors import RecordingError
 from daemon.evaluate import Evaluation
 from daemon.replay import Skipped, recording_files, replay
@@ -65,7 +65,7 @@ class TestReplayCommand:
         events = json_lines(result.stdout)
         assert events, result.stderr
         first = events[0]
-        assert REQUIRED <= first.keys()
+        assert first.keys() >= REQUIRED
         assert (first["event"], first["diagnosis"]) == ("firing", scenario)
         assert first["model_name"] == "meta-llama/Llama-3.1-8B-Instruct"
         names = {p.name for p in rec.iterdir()}
