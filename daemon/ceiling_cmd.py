@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from daemon.argtypes import fraction, positive_float, positive_int
 from daemon.errors import ConfigError
 from daemon.hardware import (
     ModelSize,
@@ -21,6 +22,7 @@ from daemon.hardware import (
     load_gpu_table,
     model_size_from_config,
     model_size_from_parameters,
+    read_config_json,
 )
 
 DESCRIPTION = """\
@@ -43,27 +45,6 @@ kernels reach. Tensor parallelism reads 1/N of the weights on each of N GPUs, so
 ceiling scales with N (communication aside)."""
 
 
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
-
-
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``ceiling`` on the CLI's subparsers."""
     p = subparsers.add_parser(
@@ -75,7 +56,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument(
         "--parameters-billion",
-        type=_positive_float,
+        type=positive_float,
         metavar="FLOAT",
         help="model size in billions of parameters (all read per token)",
     )
@@ -101,37 +82,20 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--gpu", metavar="NAME", help="only this GPU (name or alias, e.g. h100, 4090)")
     p.add_argument(
         "--tensor-parallel-size",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="GPUs the model is split over (default: 1)",
     )
     p.add_argument(
         "--achievable-fraction",
-        type=_fraction,
+        type=fraction,
         default=1.0,
         metavar="F",
         help="share of the published bandwidth kernels reach, 0 < F <= 1 (default: 1.0)",
     )
     p.add_argument("--format", choices=("text", "json"), default="text", help="default: text")
     p.set_defaults(func=run)
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    """Load a config.json; every way it can fail becomes one ``ConfigError`` line."""
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config.json must hold a JSON object")
-    return data
 
 
 def _model_size(args: argparse.Namespace) -> ModelSize:
@@ -141,7 +105,7 @@ def _model_size(args: argparse.Namespace) -> ModelSize:
         if args.kv_cache_dtype is not None:
             raise ConfigError("--kv-cache-dtype needs --config-json (the KV layout comes from it)")
         return model_size_from_parameters(args.parameters_billion, args.dtype or "float16")
-    config = _read_config(args.config_json)
+    config = read_config_json(args.config_json)
     try:
         return model_size_from_config(config, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype)
     except ConfigError as exc:  # name the user's file, not a generic "config.json"

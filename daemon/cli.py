@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from daemon import __version__, ceiling_cmd
+from daemon.argtypes import positive_float, positive_int
 from daemon.errors import ConfigError, RecordingError
 from daemon.logs import configure
 
@@ -28,16 +29,6 @@ Settings come from rules/defaults.yaml, then --config FILE, then VLLM_TRIAGE_* v
 """
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-    return value
-
-
 def _add_record(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "record",
@@ -52,28 +43,28 @@ def _add_record(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write into (created)")
     p.add_argument(
         "--interval",
-        type=_positive,
+        type=positive_float,
         default=5.0,
         metavar="S",
         help="seconds between scrapes (default 5)",
     )
     p.add_argument(
         "--duration",
-        type=_positive,
+        type=positive_float,
         default=None,
         metavar="S",
         help="stop after S seconds (default: until Ctrl-C)",
     )
     p.add_argument(
         "--timeout",
-        type=_positive,
+        type=positive_float,
         default=None,
         metavar="S",
         help="per-scrape timeout (default: the interval, at most 10 s)",
     )
     p.add_argument(
         "--max-body-bytes",
-        type=int,
+        type=positive_int,
         default=16 * 1024 * 1024,
         metavar="N",
         help="refuse bodies larger than this (default 16 MiB)",
@@ -127,7 +118,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--duration",
-        type=_positive,
+        type=positive_float,
         default=300.0,
         metavar="S",
         help="simulated seconds per scenario (default 300)",

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -518,3 +520,22 @@ def ceiling_rows(
             row["kv_bytes_per_token"] = size.kv_bytes_per_token
         rows.append(row)
     return rows
+
+
+def read_config_json(path: str | Path) -> dict[str, Any]:
+    """Load a model's Hugging Face ``config.json`` (or the folder holding it); every way
+    it can fail becomes one ``ConfigError`` that names the file."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{p}: not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: a config.json must hold a JSON object")
+    return data

@@ -6,9 +6,6 @@ so it runs once at start-up (in the shell), and the core only ever sees the resu
 
 from __future__ import annotations
 
-import json
-from typing import Any, cast
-
 from daemon.diagnose import Ceiling, Rulebook
 from daemon.errors import ConfigError
 from daemon.evaluate import Evaluator
@@ -18,6 +15,7 @@ from daemon.hardware import (
     find_gpu,
     model_size_from_config,
     model_size_from_parameters,
+    read_config_json,
 )
 from daemon.model import CAUSES, Cause
 from daemon.rules import read_bundled
@@ -37,25 +35,11 @@ def load_remediation() -> dict[Cause, tuple[str, ...]]:
     return out
 
 
-def read_config_json(path: str) -> dict[str, Any]:
-    """A model's Hugging Face ``config.json``, with errors that name the file."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise ConfigError(f"model.config_json: cannot read {path}: {exc.strerror or exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"model.config_json: {path} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"model.config_json: {path}: expected a JSON object")
-    return cast(dict[str, Any], data)
-
-
 def model_size(settings: Settings) -> ModelSize | None:
     m = settings.model
     if m.config_json is not None:
         return model_size_from_config(
-            read_config_json(str(m.config_json)), dtype=None, kv_cache_dtype=m.kv_cache_dtype
+            read_config_json(m.config_json), dtype=None, kv_cache_dtype=m.kv_cache_dtype
         )
     if m.parameters_billion is not None:
         return model_size_from_parameters(m.parameters_billion, m.dtype)
