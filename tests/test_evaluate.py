@@ -1,0 +1,124 @@
+"""Tests for daemon/evaluate.py and daemon/rulebook.py: the core's entry point, per target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daemon.errors import ConfigError
+from daemon.evaluate import Evaluator
+from daemon.model import ModelSeries, Snapshot
+from daemon.rulebook import build_evaluator, build_rulebook, ceiling
+from daemon.settings import load_settings
+
+from snapshots import hist
+
+CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+
+
+def two_models(at: float, waiting_a: float, total_b: float) -> Snapshot:
+    return Snapshot(
+        at=at,
+        era="v1",
+        prefix="vllm:",
+        models={
+            "a": ModelSeries(model_name="a", waiting=waiting_a, running=4.0, kv_usage=0.1),
+            "b": ModelSeries(model_name="b", waiting=0.0, ttft=hist([0] * 10 + [total_b])),
+        },
+    )
+
+
+class TestEvaluator:
+    def test_models_are_diagnosed_apart(self) -> None:
+        """Two models on one target: one queues, the other is healthy; only one fires."""
+        ev = build_evaluator(load_settings())
+        fired = []
+        for i in range(6):
+            fired += ev.step(two_models(i * 5.0, waiting_a=10.0, total_b=0.0)).transitions
+        assert [(t.model_name, t.cause) for t in fired] == [("a", "queue_bound")]
+
+    def test_out_of_order_snapshot_is_not_evaluated(self) -> None:
+        """A snapshot older than the last one is refused and changes nothing."""
+        ev = build_evaluator(load_settings())
+        assert ev.step(two_models(10.0, 0.0, 0.0)).accepted
+        late = ev.step(two_models(5.0, 50.0, 0.0))
+        assert not late.accepted and late.diagnoses == {}
+
+    def test_problems_pass_through(self) -> None:
+        """A snapshot's problems are handed on with its evaluation, for the shell to log."""
+        ev = build_evaluator(load_settings())
+        snap = Snapshot(at=1.0, era="v1", prefix="vllm:", models={}, problems=("x: left out",))
+        assert ev.step(snap).problems == ("x: left out",)
+
+    def test_settings_reach_the_core(self, tmp_path: Path) -> None:
+        """Window and incident counts from the settings are the ones the core uses."""
+        cfg = tmp_path / "t.yaml"
+        cfg.write_text("window_seconds: 30\nincident:\n  open_after: 1\n")
+        ev = build_evaluator(load_settings(cfg))
+        assert isinstance(ev, Evaluator)
+        assert ev.window.seconds == 30 and ev.incidents.open_after == 1
+
+
+class TestRulebook:
+    def write(self, tmp_path: Path, text: str) -> Path:
+        cfg = tmp_path / "t.yaml"
+        cfg.write_text(text)
+        return cfg
+
+    def test_no_hardware_no_ceiling(self) -> None:
+        """Without hardware and model settings there is no ceiling, and no error."""
+        assert build_rulebook(load_settings()).ceiling is None
+
+    def test_tensor_parallel_scales_the_ceiling(self, tmp_path: Path) -> None:
+        """Two GPUs each read half the weights: twice the ceiling."""
+        one = ceiling(
+            load_settings(
+                self.write(tmp_path, "hardware: {gpu: h100}\nmodel: {parameters_billion: 8}\n")
+            )
+        )
+        two = ceiling(
+            load_settings(
+                self.write(
+                    tmp_path,
+                    "hardware: {gpu: h100, tensor_parallel_size: 2}\nmodel: {parameters_billion: 8}\n",
+                )
+            )
+        )
+        assert one is not None and two is not None
+        assert one.tokens_per_second == pytest.approx(3350 / 16)
+        assert two.tokens_per_second == pytest.approx(2 * one.tokens_per_second)
+        assert two.gpu.startswith("2x ")
+
+    def test_bandwidth_without_a_name(self, tmp_path: Path) -> None:
+        """A bare bandwidth works where the GPU is not in the table."""
+        c = ceiling(
+            load_settings(
+                self.write(
+                    tmp_path,
+                    "hardware: {memory_bandwidth_gb_s: 1000}\nmodel: {parameters_billion: 10, dtype: fp8}\n",
+                )
+            )
+        )
+        assert c is not None and c.tokens_per_second == pytest.approx(100.0)
+
+    def test_config_json_beside_the_settings(self, tmp_path: Path) -> None:
+        """model.config_json relative to the settings file is found and sized."""
+        (tmp_path / "config.json").write_text((CONFIGS / "llama-3.1-8b.json").read_text())
+        c = ceiling(
+            load_settings(
+                self.write(tmp_path, "hardware: {gpu: a10g}\nmodel: {config_json: config.json}\n")
+            )
+        )
+        assert (
+            c is not None and 35 < c.tokens_per_second < 45
+        )  # 600 GB/s over ~15 GB read per token
+
+    def test_missing_config_json(self, tmp_path: Path) -> None:
+        """A config.json that is not there is a ConfigError naming it."""
+        with pytest.raises(ConfigError, match=r"nope\.json"):
+            build_rulebook(
+                load_settings(
+                    self.write(tmp_path, "hardware: {gpu: a10g}\nmodel: {config_json: nope.json}\n")
+                )
+            )
