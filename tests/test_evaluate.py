@@ -77,14 +77,8 @@ class TestRulebook:
                 self.write(tmp_path, "hardware: {gpu: h100}\nmodel: {parameters_billion: 8}\n")
             )
         )
-        two = ceiling(
-            load_settings(
-                self.write(
-                    tmp_path,
-                    "hardware: {gpu: h100, tensor_parallel_size: 2}\nmodel: {parameters_billion: 8}\n",
-                )
-            )
-        )
+        tp2 = "hardware: {gpu: h100, tensor_parallel_size: 2}\nmodel: {parameters_billion: 8}\n"
+        two = ceiling(load_settings(self.write(tmp_path, tp2)))
         assert one is not None and two is not None
         assert one.tokens_per_second == pytest.approx(3350 / 16)
         assert two.tokens_per_second == pytest.approx(2 * one.tokens_per_second)
@@ -92,14 +86,10 @@ class TestRulebook:
 
     def test_bandwidth_without_a_name(self, tmp_path: Path) -> None:
         """A bare bandwidth works where the GPU is not in the table."""
-        c = ceiling(
-            load_settings(
-                self.write(
-                    tmp_path,
-                    "hardware: {memory_bandwidth_gb_s: 1000}\nmodel: {parameters_billion: 10, dtype: fp8}\n",
-                )
-            )
+        text = (
+            "hardware: {memory_bandwidth_gb_s: 1000}\nmodel: {parameters_billion: 10, dtype: fp8}\n"
         )
+        c = ceiling(load_settings(self.write(tmp_path, text)))
         assert c is not None and c.tokens_per_second == pytest.approx(100.0)
 
     def test_config_json_beside_the_settings(self, tmp_path: Path) -> None:
