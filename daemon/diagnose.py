@@ -174,7 +174,7 @@ def _checks(cause: Cause, f: _Facts, th: Thresholds) -> list[bool | None]:
         f.itl_breach and not interference,
         None if prefill_dominant is None else not prefill_dominant,
         None if spiky is None else not spiky,
-        None if f.ceiling_ratio is None else True,
+        not f.waiting_sustained,
     ]
 
 
@@ -197,6 +197,7 @@ def _evidence(s: Signals, f: _Facts, rules: Rulebook) -> dict[str, float | int |
         "itl_mean_seconds": s.itl_mean,
         "requests_waiting_mean": s.waiting_mean,
         "requests_waiting_max": s.waiting_max,
+        "requests_waiting_min": s.waiting_min,
         "requests_running_mean": s.running_mean,
         "kv_usage_mean": s.kv_usage_mean,
         "kv_usage_max": s.kv_usage_max,
