@@ -15,11 +15,10 @@ from typing import Any
 
 from daemon.argtypes import fraction, positive_float, positive_int
 from daemon.errors import ConfigError
-from daemon.hardware import (
+from daemon.gpus import find_gpu, load_gpu_table
+from daemon.hardware import ceiling_rows
+from daemon.sizing import (
     ModelSize,
-    ceiling_rows,
-    find_gpu,
-    load_gpu_table,
     model_size_from_config,
     model_size_from_parameters,
     read_config_json,

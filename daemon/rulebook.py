@@ -9,17 +9,17 @@ from __future__ import annotations
 from daemon.diagnose import Ceiling, Rulebook
 from daemon.errors import ConfigError
 from daemon.evaluate import Evaluator
-from daemon.hardware import (
+from daemon.gpus import find_gpu
+from daemon.hardware import decode_ceiling_tokens_per_s
+from daemon.model import CAUSES, Cause
+from daemon.rules import read_bundled
+from daemon.settings import Settings
+from daemon.sizing import (
     ModelSize,
-    decode_ceiling_tokens_per_s,
-    find_gpu,
     model_size_from_config,
     model_size_from_parameters,
     read_config_json,
 )
-from daemon.model import CAUSES, Cause
-from daemon.rules import read_bundled
-from daemon.settings import Settings
 
 
 def load_remediation() -> dict[Cause, tuple[str, ...]]:

@@ -9,18 +9,14 @@ from typing import Any
 import pytest
 
 from daemon.errors import ConfigError
-from daemon.hardware import (
-    GPU,
+from daemon.gpus import GPU, find_gpu, load_gpu_table, parse_gpu_table
+from daemon.hardware import ceiling_rows, decode_ceiling_tokens_per_s
+from daemon.sizing import (
     ModelSize,
     bytes_per_param,
-    ceiling_rows,
-    decode_ceiling_tokens_per_s,
-    find_gpu,
     kv_bytes_per_token,
-    load_gpu_table,
     model_size_from_config,
     model_size_from_parameters,
-    parse_gpu_table,
 )
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"

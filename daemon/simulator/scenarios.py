@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from daemon.hardware import find_gpu
+from daemon.gpus import find_gpu
 from daemon.simulator.engine import Arrival, Engine, ServerSpec, Workload
 from daemon.simulator.exposition import Naming, render
 
