@@ -15,6 +15,16 @@ from daemon.names import SAMPLES
 FIXTURES = Path(__file__).parent / "fixtures"
 VLLM_FIXTURES = sorted((FIXTURES / "vllm").glob("*.txt"))
 
+#: The seed article's table (domain.md): an 8B model at 16 bits, tokens/s rounded.
+SEED_CEILINGS = {
+    "CPU, dual-channel DDR5-5600": 6,
+    "NVIDIA A10G": 38,
+    "NVIDIA L40S": 54,
+    "NVIDIA RTX 4090": 63,
+    "NVIDIA A100 80GB SXM": 127,
+    "NVIDIA H100 SXM": 209,
+}
+
 
 def fixture_text(name: str) -> str:
     return (FIXTURES / "vllm" / name).read_text(encoding="utf-8")

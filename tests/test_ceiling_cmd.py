@@ -11,16 +11,9 @@ import pytest
 
 from daemon.ceiling_cmd import add_parser
 
-LLAMA = Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json"
+from conftest import SEED_CEILINGS
 
-SEED_CEILINGS = {
-    "CPU, dual-channel DDR5-5600": 6,
-    "NVIDIA A10G": 38,
-    "NVIDIA L40S": 54,
-    "NVIDIA RTX 4090": 63,
-    "NVIDIA A100 80GB SXM": 127,
-    "NVIDIA H100 SXM": 209,
-}
+LLAMA = Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json"
 
 
 def parser() -> argparse.ArgumentParser:

@@ -7,16 +7,9 @@ from pathlib import Path
 
 from clirun import vllm_triage
 
+from conftest import SEED_CEILINGS
 from localserver import serving
 
-SEED = {
-    "CPU, dual-channel DDR5-5600": 6,
-    "NVIDIA A10G": 38,
-    "NVIDIA L40S": 54,
-    "NVIDIA RTX 4090": 63,
-    "NVIDIA A100 80GB SXM": 127,
-    "NVIDIA H100 SXM": 209,
-}
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 
 
@@ -57,7 +50,9 @@ class TestCeiling:
         )
         assert result.returncode == 0, result.stderr
         rows = {row["gpu"]: row for row in json.loads(result.stdout)}
-        assert {gpu: round(rows[gpu]["decode_ceiling_tokens_per_s"]) for gpu in SEED} == SEED
+        assert {
+            gpu: round(rows[gpu]["decode_ceiling_tokens_per_s"]) for gpu in SEED_CEILINGS
+        } == SEED_CEILINGS
         assert all(
             {"gpu", "memory_bandwidth_gb_s", "decode_ceiling_tokens_per_s"} <= r.keys()
             for r in rows.values()
