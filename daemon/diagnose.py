@@ -77,16 +77,53 @@ class _Facts:
     ceiling_ratio: float | None
 
 
+def request_footprint_tokens(s: Signals) -> float | None:
+    """KV tokens one more request will need: what finished requests grew to (prompt plus
+    generated tokens), else what running requests hold now.
+
+    Requests grow while they decode, and vLLM preempts when a growing request finds no free
+    block; so "room for one more" must be judged against a request's final size, not the
+    average size of requests that are still growing (seen on a real vLLM: waiting at 50 %
+    usage with 1,500-token requests in a 2,048-token pool).
+    """
+    if s.mean_prompt_tokens is not None and s.mean_generation_tokens is not None:
+        return s.mean_prompt_tokens + s.mean_generation_tokens
+    if s.kv_pool_tokens and s.kv_usage_mean is not None and s.running_mean:
+        return s.kv_usage_mean * s.kv_pool_tokens / s.running_mean
+    return None
+
+
+def _kv_headroom_requests(s: Signals) -> float | None:
+    """Free KV tokens at the window's fullest moment, counted in requests (design.md).
+
+    The fullest moment, not the mean: a window that starts idle averages a full pool down
+    to half, while the requests that waited did so when it was full.
+    """
+    footprint = request_footprint_tokens(s)
+    usage = s.kv_usage_max if s.kv_usage_max is not None else s.kv_usage_mean
+    if not s.kv_pool_tokens or usage is None or not footprint or footprint <= 0:
+        return None
+    return (1.0 - usage) * s.kv_pool_tokens / footprint
+
+
+def _queue_share(s: Signals) -> float | None:
+    """Mean queue time over mean TTFT, when the two describe comparable requests.
+
+    vLLM V1 observes TTFT at a request's first token but queue time when it finishes, so
+    early in a burst the window holds many TTFTs and few queue times (seen on a real
+    vLLM: "queue time 0 % of TTFT" with twelve requests waiting). The share is only
+    taken when the queue times cover at least half as many requests as the TTFTs.
+    """
+    if s.queue_time_count < max(1.0, 0.5 * s.ttft_count):
+        return None
+    return _ratio(s.queue_time_mean, s.ttft_mean)
+
+
 def _facts(s: Signals, rules: Rulebook) -> _Facts:
     slo, th = rules.slo, rules.thresholds
     ttft, itl = _value(s.ttft_p99), _value(s.itl_p99)
     waiting = s.waiting_mean or 0.0
-    headroom: float | None = None
-    if s.kv_pool_tokens and s.kv_usage_mean is not None and s.running_mean:
-        used = s.kv_usage_mean * s.kv_pool_tokens
-        per_request = used / s.running_mean
-        if per_request > 0:
-            headroom = (s.kv_pool_tokens - used) / per_request
+    headroom = _kv_headroom_requests(s)
     kv_tight: bool | None
     if headroom is not None:
         kv_tight = headroom < th.kv_headroom_requests
@@ -105,7 +142,7 @@ def _facts(s: Signals, rules: Rulebook) -> _Facts:
         preempting=(s.preemptions_per_second or 0.0) > 0.0,
         kv_headroom_requests=headroom,
         kv_tight=kv_tight,
-        queue_share=_ratio(s.queue_time_mean, s.ttft_mean),
+        queue_share=_queue_share(s),
         prefill_share=s.prefill_time_share,
         itl_spread=_ratio(itl, _value(s.itl_p50)),
         prompts=(s.prompt_tokens_per_second or 0.0) > 0.0,
@@ -161,7 +198,11 @@ def _checks(cause: Cause, f: _Facts, th: Thresholds) -> list[bool | None]:
     spiky = None if f.itl_spread is None else f.itl_spread >= th.itl_spike_ratio
     interference = f.itl_breach and (prefill_dominant is True or (spiky is True and f.prompts))
     if cause == "prefill_bound":
-        ttft_side = f.ttft_breach and (queue_dominant is not True or prefill_dominant is True)
+        # TTFT is prefill's when nobody waits steadily (the queue is not to blame), or
+        # when prefill is what the engine spends its time on (a prefill backlog).
+        ttft_side = f.ttft_breach and (
+            prefill_dominant is True or (not f.waiting_sustained and queue_dominant is not True)
+        )
         backlog = f.waiting_sustained and prefill_dominant is True and room is not False
         return [
             ttft_side or backlog or interference,
@@ -210,6 +251,8 @@ def _evidence(s: Signals, f: _Facts, rules: Rulebook) -> dict[str, float | int |
         "prefill_time_mean_seconds": s.prefill_time_mean,
         "prefill_time_share": f.prefill_share,
         "mean_prompt_tokens": s.mean_prompt_tokens,
+        "mean_generation_tokens": s.mean_generation_tokens,
+        "kv_request_footprint_tokens": request_footprint_tokens(s),
         "prompt_tokens_per_second": s.prompt_tokens_per_second,
         "generation_tokens_per_second": s.generation_tokens_per_second,
         "decode_tokens_per_second_per_stream": s.decode_tokens_per_second_per_stream,
@@ -246,7 +289,11 @@ def _summary(cause: Cause, s: Signals, f: _Facts, rules: Rulebook) -> tuple[str,
             None,
         )
     if cause == "queue_bound":
-        share = f"queue time {f.queue_share:.0%} of TTFT, " if f.queue_share is not None else ""
+        share = (
+            f"queue time {f.queue_share:.0%} of TTFT, "
+            if f.queue_share is not None and f.queue_share >= rules.thresholds.queue_share_of_ttft
+            else ""
+        )
         return (
             f"requests wait to start while KV has room: {f.waiting:.1f} waiting, {share}"
             f"KV {_fmt(s.kv_usage_mean and s.kv_usage_mean * 100, '%', 3)} used",
@@ -255,9 +302,13 @@ def _summary(cause: Cause, s: Signals, f: _Facts, rules: Rulebook) -> tuple[str,
     if cause == "prefill_bound":
         parts = []
         if f.ttft_breach:
+            why = (
+                f"{f.waiting:.1f} requests wait behind prefill work"
+                if f.waiting_sustained
+                else "with the queue not to blame"
+            )
             parts.append(
-                f"TTFT p99 {_fmt(_value(s.ttft_p99), ' s')} > SLO {slo.ttft_p99_seconds:g} s "
-                "with the queue not to blame"
+                f"TTFT p99 {_fmt(_value(s.ttft_p99), ' s')} > SLO {slo.ttft_p99_seconds:g} s, {why}"
             )
         elif f.waiting_sustained:
             parts.append(f"{f.waiting:.1f} requests wait behind prefill work")

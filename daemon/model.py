@@ -82,6 +82,7 @@ class ModelSeries:
     prefill_time: Histogram | None = None
     decode_time: Histogram | None = None
     prompt_length: Histogram | None = None
+    generation_length: Histogram | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +141,7 @@ class Signals:
     itl_mean: float | None = None
     itl_count: float = 0.0
     queue_time_mean: float | None = None
+    queue_time_count: float = 0.0
     prefill_time_mean: float | None = None
     decode_time_mean: float | None = None
     prefill_time_share: float | None = None
@@ -154,6 +156,7 @@ class Signals:
     prompt_tokens_per_second: float | None = None
     generation_tokens_per_second: float | None = None
     mean_prompt_tokens: float | None = None
+    mean_generation_tokens: float | None = None
     decode_tokens_per_second_per_stream: float | None = None
     kv_pool_tokens: int | None = None
     missing: Mapping[str, str] = field(default_factory=dict)

