@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from daemon import __version__, ceiling_cmd
+from daemon import __version__, ceiling_cmd, simulate_cmd
 from daemon.argtypes import positive_float, positive_int
 from daemon.errors import ConfigError, RecordingError
 from daemon.logs import configure
@@ -19,6 +19,7 @@ from daemon.logs import configure
 EPILOG = """\
 examples:
   vllm-triage demo                                  watch the diagnosis on a simulated tour
+  vllm-triage simulate --scenario tour --port 8000  serve a simulated vLLM server's /metrics
   vllm-triage record http://127.0.0.1:8000/metrics --out rec/ --interval 5 --duration 600
   vllm-triage replay rec/ --config triage.yaml --format json
   vllm-triage ceiling --parameters-billion 8 --dtype bfloat16 --gpu H100
@@ -271,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(sub)
+    simulate_cmd.add_parser(sub)
     _add_record(sub)
     _add_replay(sub)
     ceiling_cmd.add_parser(sub)

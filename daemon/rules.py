@@ -59,6 +59,33 @@ def read_bundled(name: str) -> Any:
     return read_yaml_text(text, source=bundled_path(name))
 
 
+def list_bundled(folder: str, suffix: str = ".yaml") -> tuple[str, ...]:
+    """The names (without ``suffix``) of the files in a folder of the bundled ``rules/``.
+
+    Found the same two ways as ``read_bundled``, so that ``rules/scenarios/`` lists the
+    same from an installed package and from a checkout.
+    """
+    try:
+        entries = [
+            (e.name, e.is_file()) for e in resources.files(PACKAGE).joinpath(folder).iterdir()
+        ]
+    except ModuleNotFoundError:
+        try:
+            entries = [(e.name, e.is_file()) for e in (_source_tree_rules() / folder).iterdir()]
+        except OSError as exc:
+            raise ConfigError(
+                f"{bundled_path(folder)}: not found ({exc}); reinstall vllm-triage"
+            ) from exc
+    except OSError as exc:
+        raise ConfigError(
+            f"{bundled_path(folder)}: missing from the installed package ({exc}); "
+            "reinstall vllm-triage"
+        ) from exc
+    return tuple(
+        sorted(n.removesuffix(suffix) for n, is_file in entries if is_file and n.endswith(suffix))
+    )
+
+
 def read_file(path: str | Path) -> Any:
     """Load one user YAML file; unreadable files become a ``ConfigError`` naming the path."""
     p = Path(path)

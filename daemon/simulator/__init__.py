@@ -2,22 +2,32 @@
 
 ``engine`` models continuous batching on a card's compute and bandwidth limits
 (``/work/shared/domain.md``), ``stats`` holds what it counts, ``exposition`` writes
-what vLLM's ``/metrics`` would show (V1 or V0 names), ``scenarios`` names loads that
-produce each diagnosis and records scrapes of them. No clock, no network, no globals:
-the same seed gives the same text.
+what vLLM's ``/metrics`` would show (V1 or V0 names), ``scenarios`` says what a
+scenario is, ``scenario_files`` reads them from YAML (the bundled ones in
+``rules/scenarios/``, each producing one diagnosis, or a user's file), ``simulation``
+runs them and records scrapes, and ``serve`` puts one behind a live ``/metrics``
+endpoint. Apart from ``serve``: no clock, no network, no globals, and the same seed
+gives the same text.
 """
 
 from daemon.simulator.engine import Arrival, Engine, ServerSpec, Workload
 from daemon.simulator.exposition import Naming, format_value, render
-from daemon.simulator.scenarios import (
+from daemon.simulator.scenario_files import (
     SCENARIOS,
+    get_scenario,
+    load_scenario_file,
+    parse_scenario,
+    scenario_names,
+)
+from daemon.simulator.scenarios import (
+    LLAMA_8B,
     Phase,
     Scenario,
-    Simulation,
-    get_scenario,
+    hold_last_phase,
     llama_8b,
-    record,
+    server_spec,
 )
+from daemon.simulator.simulation import Simulation, record
 from daemon.simulator.stats import (
     FINISHED_REASONS,
     EngineStats,
@@ -28,6 +38,7 @@ from daemon.simulator.stats import (
 
 __all__ = [
     "FINISHED_REASONS",
+    "LLAMA_8B",
     "SCENARIOS",
     "Arrival",
     "Engine",
@@ -43,7 +54,12 @@ __all__ = [
     "Workload",
     "format_value",
     "get_scenario",
+    "hold_last_phase",
     "llama_8b",
+    "load_scenario_file",
+    "parse_scenario",
     "record",
     "render",
+    "scenario_names",
+    "server_spec",
 ]

@@ -1,0 +1,206 @@
+"""Scenario files: YAML that says which server sees which load, bundled or the user's own.
+
+The named scenarios ship in ``rules/scenarios/<name>.yaml`` (the package
+``daemon.bundled_rules``), as data rather than code, so that a user can copy one, change
+the numbers and run it (``vllm-triage simulate --scenario ./mine.yaml``). The schema is
+strict (unknown keys, quoted numbers and impossible values are refused) and every error
+is a ``ConfigError`` naming the file and the key, because a silently ignored typo would
+simulate a different server than the one the user meant.
+
+A phase's ``server:`` holds only the keys that change for that phase; the others are the
+scenario's (a bandwidth or compute figure given for the scenario included), so "the
+same card with ``max_num_seqs: 16``" is one line.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from daemon.errors import ConfigError
+from daemon.gpus import find_gpu
+from daemon.rules import bundled_path, list_bundled, read_bundled, read_file
+from daemon.simulator.engine import ServerSpec, Workload
+from daemon.simulator.scenarios import LLAMA_8B, Phase, Scenario, server_spec
+from daemon.sizing import bytes_per_param
+
+FOLDER = "scenarios"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, str_strip_whitespace=True)
+
+
+class ServerFields(_Strict):
+    """``server:``: a card of rules/gpus.yaml, the model's size, vLLM's caps.
+
+    Every key is optional here so that a phase can give only what it changes; the
+    scenario-level block must name ``gpu`` and the KV and step sizes (``_REQUIRED``).
+    Model keys default to Llama-3.1-8B at bf16 (``server_spec``).
+    """
+
+    gpu: str | None = Field(default=None, min_length=1)
+    memory_bandwidth_gb_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    compute_tflops: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    parameters_billion: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    dtype: str | None = Field(default=None, min_length=1)
+    num_layers: int | None = Field(default=None, ge=1)
+    hidden_size: int | None = Field(default=None, ge=1)
+    kv_bytes_per_token: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    num_gpu_blocks: int | None = Field(default=None, ge=1)
+    block_size: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    max_model_len: int | None = Field(default=None, ge=2)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    compute_efficiency: float | None = Field(default=None, gt=0, le=1)
+    step_overhead_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    kv_watermark: float | None = Field(default=None, ge=0, lt=1)
+
+
+class WorkloadFields(_Strict):
+    """``workload:``; keys left out take ``Workload``'s defaults (one place for them)."""
+
+    arrival_rate_per_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    prompt_tokens: int | None = Field(default=None, ge=1)
+    output_tokens: int | None = Field(default=None, ge=1)
+    spread: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    distribution: Literal["uniform", "lognormal"] | None = None
+    burst: int | None = Field(default=None, ge=0)
+    stop_fraction: float | None = Field(default=None, ge=0, le=1)
+    seed: int | None = None
+
+
+class PhaseFields(_Strict):
+    duration_seconds: float = Field(gt=0, allow_inf_nan=False)
+    workload: WorkloadFields
+    server: ServerFields | None = None
+
+
+class ScenarioFields(_Strict):
+    name: str = Field(min_length=1)
+    model_name: str = Field(default=LLAMA_8B, min_length=1)
+    server: ServerFields
+    phases: list[PhaseFields] = Field(min_length=1)
+
+
+_REQUIRED = ("gpu", "num_gpu_blocks", "max_num_batched_tokens", "max_model_len")
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    """``("phases", 2, "workload", "seed")`` as ``phases[2].workload.seed``."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else part
+    return out or "top level"
+
+
+def _describe(exc: ValidationError) -> str:
+    return "; ".join(f"{_where(tuple(e['loc']))}: {e['msg']}" for e in exc.errors())
+
+
+def _spec(fields: Mapping[str, Any], where: str, source: str) -> ServerSpec:
+    missing = [k for k in _REQUIRED if k not in fields]
+    if missing:
+        raise ConfigError(f"{source}: {where}.{missing[0]}: required")
+    args = dict(fields)
+    gpu = args.pop("gpu")
+    try:  # name the key of an unknown card or dtype
+        if "memory_bandwidth_gb_s" not in args or "compute_tflops" not in args:
+            find_gpu(gpu)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {where}.gpu: {exc}") from exc
+    try:
+        bytes_per_param(args.get("dtype", "bfloat16"))
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {where}.dtype: {exc}") from exc
+    try:
+        return server_spec(gpu, **args)
+    except ValueError as exc:  # numbers vLLM would refuse, e.g. a pool under max_model_len
+        raise ConfigError(f"{source}: {where}: {exc}") from exc
+
+
+def parse_scenario(data: Any, *, source: str) -> Scenario:
+    """Validate loaded YAML and build the ``Scenario``; errors name ``source`` and the key."""
+    try:
+        fields = ScenarioFields.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: {_describe(exc)}") from exc
+    base = fields.server.model_dump(exclude_none=True)
+    spec = _spec(base, "server", source)
+    phases: list[Phase] = []
+    for index, phase in enumerate(fields.phases):
+        where = f"phases[{index}]"
+        own = None
+        if phase.server is not None:
+            merged = {**base, **phase.server.model_dump(exclude_none=True)}
+            own = _spec(merged, f"{where}.server", source)
+        try:
+            workload = Workload(**phase.workload.model_dump(exclude_none=True))
+        except ValueError as exc:  # a combination, e.g. a uniform spread of 1 or more
+            raise ConfigError(f"{source}: {where}.workload: {exc}") from exc
+        phases.append(Phase(phase.duration_seconds, workload, own))
+    return Scenario(fields.name, spec, tuple(phases), fields.model_name)
+
+
+def load_scenario_file(path: str | Path) -> Scenario:
+    """A user's scenario file."""
+    return parse_scenario(read_file(path), source=str(path))
+
+
+def scenario_names() -> tuple[str, ...]:
+    """The bundled scenarios, sorted: the files of ``rules/scenarios/``."""
+    return list_bundled(FOLDER)
+
+
+@functools.cache
+def bundled_scenario(name: str) -> Scenario:
+    """The bundled scenario ``name``; cached, as package data does not change."""
+    source = bundled_path(f"{FOLDER}/{name}.yaml")
+    scenario = parse_scenario(read_bundled(f"{FOLDER}/{name}.yaml"), source=source)
+    if scenario.name != name:
+        raise ConfigError(f"{source}: name: {scenario.name!r} differs from the file's name")
+    return scenario
+
+
+def _looks_like_path(text: str) -> bool:
+    return text.endswith((".yaml", ".yml")) or "/" in text or Path(text).is_file()
+
+
+def get_scenario(name: str) -> Scenario:
+    """A bundled scenario by name, or a scenario file by path.
+
+    An unknown name raises ``KeyError`` listing the names there are; a path that cannot
+    be read or validated raises ``ConfigError``.
+    """
+    names = scenario_names()
+    if name in names:
+        return bundled_scenario(name)
+    if _looks_like_path(name):
+        return load_scenario_file(name)
+    raise KeyError(
+        f"no scenario {name!r}; there are: {', '.join(names)} (or give a path to a .yaml file)"
+    )
+
+
+class _Bundled(Mapping[str, Scenario]):
+    """The bundled scenarios as a read-only mapping, loaded on first use of each."""
+
+    def __getitem__(self, name: str) -> Scenario:
+        if name not in scenario_names():
+            raise KeyError(name)
+        return bundled_scenario(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(scenario_names())
+
+    def __len__(self) -> int:
+        return len(scenario_names())
+
+
+#: ``SCENARIOS["kv_pressure"]``, ``list(SCENARIOS)``: the bundled files by name.
+SCENARIOS: Mapping[str, Scenario] = _Bundled()
