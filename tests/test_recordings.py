@@ -24,6 +24,8 @@ EXPECTED = {
     "light": None,
     "prefill": "prefill_bound",
     "decode": "decode_bound",
+    # all 96 streams start at once: 3 s of spiky ITL while they join, then steady decode
+    "decode-ramp": "decode_bound",
     "queue": "queue_bound",
     "kv": "kv_pressure",
 }
