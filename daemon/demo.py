@@ -9,17 +9,17 @@ told that hardware, so the decode ceiling in the evidence is the simulated card'
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from daemon.diagnose import Ceiling, Rulebook
-from daemon.evaluate import Evaluator
+from daemon.diagnose import Ceiling
 from daemon.hardware import decode_ceiling_tokens_per_s
 from daemon.model import Cause, Transition
 from daemon.parse import SnapshotParser
 from daemon.record import write_atomically
-from daemon.rulebook import build_rulebook
+from daemon.rulebook import build_evaluator, build_rulebook
 from daemon.settings import Settings
 from daemon.simulator import Scenario, get_scenario, record
 
@@ -81,14 +81,8 @@ def run_scenario(
 ) -> ScenarioRun:
     """Simulate one scenario and diagnose every scrape of it."""
     scenario = get_scenario(name)
-    base = build_rulebook(settings)
-    rulebook = Rulebook(base.slo, base.thresholds, base.remediation, ceiling_of(scenario))
-    evaluator = Evaluator(
-        rulebook,
-        window_seconds=settings.window_seconds,
-        open_after=settings.incident.open_after,
-        resolve_after=settings.incident.resolve_after,
-    )
+    rulebook = dataclasses.replace(build_rulebook(settings), ceiling=ceiling_of(scenario))
+    evaluator = build_evaluator(settings, rulebook)
     parser = SnapshotParser()
     transitions: list[Transition] = []
     scrapes = 0

@@ -82,10 +82,11 @@ def build_rulebook(settings: Settings) -> Rulebook:
     )
 
 
-def build_evaluator(settings: Settings) -> Evaluator:
-    """A fresh core for one target, configured from the settings."""
+def build_evaluator(settings: Settings, rulebook: Rulebook | None = None) -> Evaluator:
+    """A fresh core for one target, configured from the settings (and ``rulebook``, when
+    the caller already resolved one, as the demo does with each scenario's hardware)."""
     return Evaluator(
-        build_rulebook(settings),
+        rulebook or build_rulebook(settings),
         window_seconds=settings.window_seconds,
         open_after=settings.incident.open_after,
         resolve_after=settings.incident.resolve_after,
