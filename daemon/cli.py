@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from daemon import __version__, ceiling_cmd, simulate_cmd
+from daemon import __version__, ceiling_cmd, run_cmd, simulate_cmd
 from daemon.argtypes import positive_float, positive_int
 from daemon.errors import ConfigError, RecordingError
 from daemon.logs import configure
@@ -272,6 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(sub)
+    run_cmd.add_parser(sub)
     simulate_cmd.add_parser(sub)
     _add_record(sub)
     _add_replay(sub)

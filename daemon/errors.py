@@ -36,4 +36,12 @@ class RecordingError(TriageError):
 
 
 class ScrapeError(TriageError):
-    """A target could not be fetched: refused, timed out, or answered non-2xx."""
+    """A target could not be fetched: refused, timed out, or answered non-2xx.
+
+    ``reason`` is a short, fixed word for metrics labels: ``timeout``, ``connect``,
+    ``http_status``, ``too_large`` or ``http_error``.
+    """
+
+    def __init__(self, message: str, *, reason: str = "http_error") -> None:
+        self.reason = reason
+        super().__init__(message)

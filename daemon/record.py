@@ -28,24 +28,59 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 log = structlog.get_logger("vllm_triage.record")
 
 
-def fetch(client: httpx.Client, url: str, *, timeout: float, max_body_bytes: int) -> bytes:
+def check_status(resp: httpx.Response, url: str) -> None:
+    if resp.status_code // 100 != 2:
+        raise ScrapeError(f"HTTP {resp.status_code} from {url}", reason="http_status")
+
+
+class BodyLimit:
+    """Collects a body's chunks, refusing it once it passes ``max_bytes`` (never held whole)."""
+
+    def __init__(self, max_bytes: int, url: str) -> None:
+        self.max_bytes, self.url = max_bytes, url
+        self.size = 0
+        self.chunks: list[bytes] = []
+
+    def add(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.max_bytes:
+            raise ScrapeError(
+                f"body larger than {self.max_bytes} bytes from {self.url}", reason="too_large"
+            )
+        self.chunks.append(chunk)
+
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def scrape_error(exc: httpx.HTTPError, url: str, timeout: float) -> ScrapeError:
+    """A transport error as a ``ScrapeError`` with its reason."""
+    if isinstance(exc, httpx.TimeoutException):
+        return ScrapeError(f"timed out after {timeout:g} s: {url}", reason="timeout")
+    reason = "connect" if isinstance(exc, httpx.ConnectError) else "http_error"
+    return ScrapeError(f"{type(exc).__name__}: {exc} ({url})", reason=reason)
+
+
+def fetch(
+    client: httpx.Client,
+    url: str,
+    *,
+    timeout: float,
+    max_body_bytes: int,
+    headers: dict[str, str] | None = None,
+) -> bytes:
     """GET one /metrics body, refusing bodies over ``max_body_bytes`` without reading them whole."""
     try:
-        with client.stream("GET", url, headers={"Accept": ACCEPT}, timeout=timeout) as resp:
-            if resp.status_code // 100 != 2:
-                raise ScrapeError(f"HTTP {resp.status_code} from {url}")
-            chunks: list[bytes] = []
-            size = 0
+        with client.stream(
+            "GET", url, headers={"Accept": ACCEPT, **(headers or {})}, timeout=timeout
+        ) as resp:
+            check_status(resp, url)
+            limit = BodyLimit(max_body_bytes, url)
             for chunk in resp.iter_bytes():
-                size += len(chunk)
-                if size > max_body_bytes:
-                    raise ScrapeError(f"body larger than {max_body_bytes} bytes from {url}")
-                chunks.append(chunk)
-            return b"".join(chunks)
-    except httpx.TimeoutException as exc:
-        raise ScrapeError(f"timed out after {timeout:g} s: {url}") from exc
+                limit.add(chunk)
+            return limit.body()
     except httpx.HTTPError as exc:
-        raise ScrapeError(f"{type(exc).__name__}: {exc} ({url})") from exc
+        raise scrape_error(exc, url, timeout) from exc
 
 
 def write_atomically(directory: Path, at_ms: int, body: bytes) -> Path:

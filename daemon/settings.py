@@ -9,10 +9,21 @@ every error names the key (and the file) that is wrong.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from daemon.errors import ConfigError
@@ -67,8 +78,115 @@ class ModelSettings(BaseModel):
         return self
 
 
+def _host_port(text: str) -> str:
+    _, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected host:port, e.g. 0.0.0.0:9468, got {text!r}")
+    return text
+
+
+def _http_url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
+    return text
+
+
+def _secret_http_url(secret: SecretStr) -> SecretStr:
+    parts = urlsplit(secret.get_secret_value())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected an http:// or https:// URL (not shown: it may hold a token)")
+    return secret
+
+
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+#: A receiver's URL is a secret: a Slack incoming-webhook URL is its own credential.
+SecretHttpUrl = Annotated[SecretStr, AfterValidator(_secret_http_url)]
+ListenAddress = Annotated[str, AfterValidator(_host_port)]
+#: Target and receiver names become label values and log fields: keep them plain.
+Name = Annotated[
+    str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]*$")
+]
+
+
+class BasicAuth(BaseModel):
+    model_config = _FROZEN
+    username: str = Field(min_length=1)
+    password: SecretStr
+
+
+class HttpAuth(BaseModel):
+    """How the daemon authenticates to something it calls (a target, a receiver)."""
+
+    model_config = _FROZEN
+    bearer_token: SecretStr | None = None
+    basic_auth: BasicAuth | None = None
+    #: Extra request headers; values are secret (API keys travel this way).
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> HttpAuth:
+        if self.bearer_token is not None and self.basic_auth is not None:
+            raise ValueError("give bearer_token or basic_auth, not both")
+        return self
+
+
+class TargetSettings(HttpAuth):
+    """One vLLM server to watch. ``hardware`` and ``model`` replace the top-level ones."""
+
+    name: Name
+    url: HttpUrl
+    hardware: HardwareSettings | None = None
+    model: ModelSettings | None = None
+
+
+ReceiverType = Literal["alertmanager_webhook", "alertmanager", "slack"]
+
+
+class ReceiverSettings(HttpAuth):
+    """Where notifications go. ``type`` says the payload:
+
+    - ``alertmanager_webhook``: Alertmanager's webhook payload, version 4;
+    - ``alertmanager``: alerts pushed to an Alertmanager's ``/api/v2/alerts`` (give its
+      base URL), re-sent every ``resend_seconds`` while they fire;
+    - ``slack``: a readable message for a Slack-compatible incoming webhook.
+    """
+
+    type: ReceiverType
+    url: SecretHttpUrl
+    name: Name | None = None
+    send_resolved: bool = True
+    #: Re-notify an incident that is still firing after this long (Alertmanager's
+    #: repeat_interval; its default is 4 h).
+    repeat_interval_seconds: float = Field(default=4 * 3600, gt=0)
+    #: ``alertmanager`` only: how often active alerts are re-sent so that Alertmanager
+    #: does not expire them (Prometheus re-sends every minute).
+    resend_seconds: float = Field(default=60, gt=0)
+    timeout_seconds: float = Field(default=10, gt=0)
+    #: A failed delivery is retried with exponential backoff and jitter for this long,
+    #: then counted and logged as failed. Long enough to ride out a receiver restart.
+    retry_for_seconds: float = Field(default=900, gt=0)
+    retry_initial_seconds: float = Field(default=1, gt=0)
+    retry_max_seconds: float = Field(default=60, gt=0)
+    #: Notifications waiting for this receiver beyond this many are dropped, oldest
+    #: first, each one counted and logged.
+    queue_size: int = Field(default=1000, ge=1)
+    #: HMAC-SHA256 over the exact body, sent as ``sha256=<hex>`` in ``hmac_header``.
+    hmac_secret: SecretStr | None = None
+    hmac_header: str = Field(default="X-Vllm-Triage-Signature", min_length=1)
+
+
+class AlertingSettings(BaseModel):
+    model_config = _FROZEN
+    #: The ``severity`` label of every alert.
+    severity: str = Field(default="warning", min_length=1)
+    #: Where people reach this daemon (``externalURL`` and ``generatorURL`` in payloads);
+    #: default: http://<listen address>.
+    external_url: HttpUrl | None = None
+
+
 class Settings(BaseSettings):
-    """Everything the core needs; the daemon's own keys join in a later section."""
+    """Everything the core and the daemon need."""
 
     model_config = SettingsConfigDict(
         env_prefix="VLLM_TRIAGE_",
@@ -84,6 +202,47 @@ class Settings(BaseSettings):
     hardware: HardwareSettings = HardwareSettings()
     model: ModelSettings = ModelSettings()
 
+    # The daemon (``vllm-triage run``).
+    listen: ListenAddress = "0.0.0.0:9468"
+    interval_seconds: float = Field(default=5.0, gt=0)
+    #: Default: 80 % of the interval, at most 10 s, so one scrape ends before the next.
+    scrape_timeout_seconds: float | None = Field(default=None, gt=0)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    shutdown_grace_seconds: float = Field(default=10.0, gt=0)
+    targets: list[TargetSettings] = Field(default_factory=list)
+    receivers: list[ReceiverSettings] = Field(default_factory=list)
+    alerting: AlertingSettings = AlertingSettings()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Settings:
+        for kind, names in (
+            ("targets", [t.name for t in self.targets]),
+            ("receivers", [r.name for r in self.receivers if r.name is not None]),
+        ):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"{kind}: names must be unique, repeated: {', '.join(dupes)}")
+        return self
+
+    @property
+    def scrape_timeout(self) -> float:
+        if self.scrape_timeout_seconds is not None:
+            return self.scrape_timeout_seconds
+        return min(0.8 * self.interval_seconds, 10.0)
+
+    def receiver_name(self, index: int) -> str:
+        r = self.receivers[index]
+        return r.name or f"{r.type}-{index}"
+
+    def for_target(self, target: TargetSettings) -> Settings:
+        """These settings with the target's own hardware and model, where it gives them."""
+        update: dict[str, Any] = {}
+        if target.hardware is not None:
+            update["hardware"] = target.hardware
+        if target.model is not None:
+            update["model"] = target.model
+        return self.model_copy(update=update) if update else self
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -93,8 +252,23 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # The merged YAML arrives as init kwargs; the environment must beat the files.
-        return (env_settings, init_settings)
+        # The merged YAML arrives as init kwargs; the environment must beat the files,
+        # and command-line flags (passed through ``_flags``) beat both.
+        return (_FlagsSource(settings_cls), env_settings, init_settings)
+
+
+#: Command-line flags for the ``Settings`` being built now (see ``load_settings``).
+_flags: ContextVar[Mapping[str, Any] | None] = ContextVar("vllm_triage_flags", default=None)
+
+
+class _FlagsSource(PydanticBaseSettingsSource):
+    """Settings given as command-line flags: the highest-priority source."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return (_flags.get() or {}).get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_flags.get() or {})
 
 
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -108,19 +282,39 @@ def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str
     return out
 
 
+#: Keys whose values never appear in an error message.
+_SECRET_KEYS = frozenset({"bearer_token", "password", "hmac_secret", "headers"})
+
+
 def _describe(exc: ValidationError, source: str) -> str:
     lines = [f"invalid settings ({source}):"]
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
         got = err.get("input")
-        shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
+        secret = _SECRET_KEYS.intersection(str(p) for p in err["loc"]) or (
+            err["loc"][:1] == ("receivers",) and "url" in err["loc"]
+        )
+        hidden = isinstance(got, dict) or got is None or secret
+        shown = "" if hidden else f" (got {got!r})"
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
         lines.append(f"  {key}: {msg}{shown}")
     return "\n".join(lines)
 
 
-def load_settings(config: str | Path | None = None) -> Settings:
-    """Defaults from ``rules/``, the user's YAML file on top, then ``VLLM_TRIAGE_*``.
+def _resolve_config_json(section: Mapping[str, Any], folder: Path) -> dict[str, Any]:
+    """``section`` with a relative ``model.config_json`` made relative to ``folder``."""
+    model = section.get("model")
+    cfg_json = model.get("config_json") if isinstance(model, Mapping) else None
+    if isinstance(cfg_json, str) and not Path(cfg_json).is_absolute():
+        return deep_merge(section, {"model": {"config_json": str(folder / cfg_json)}})
+    return dict(section)
+
+
+def load_settings(
+    config: str | Path | None = None, flags: Mapping[str, Any] | None = None
+) -> Settings:
+    """Defaults from ``rules/``, the user's YAML file on top, then ``VLLM_TRIAGE_*``,
+    then ``flags`` (top-level keys from the command line).
 
     A relative ``model.config_json`` is resolved against the config file's folder.
     """
@@ -132,12 +326,24 @@ def load_settings(config: str | Path | None = None) -> Settings:
             user = {}
         if not isinstance(user, Mapping):
             raise ConfigError(f"{config}: expected a mapping of settings at the top level")
-        cfg_json = (user.get("model") or {}).get("config_json")
-        if isinstance(cfg_json, str) and not Path(cfg_json).is_absolute():
-            user = deep_merge(user, {"model": {"config_json": str(Path(config).parent / cfg_json)}})
+        user = _resolve_config_json(user, Path(config).parent)
+        targets = user.get("targets")
+        if isinstance(targets, list):
+            user = {
+                **user,
+                "targets": [
+                    _resolve_config_json(t, Path(config).parent) if isinstance(t, Mapping) else t
+                    for t in targets
+                ],
+            }
         merged = deep_merge(merged, user)
         source = f"{config} over rules/defaults.yaml, and VLLM_TRIAGE_* variables"
+    if flags:
+        source += ", and command-line flags"
+    token = _flags.set(dict(flags or {}))
     try:
         return Settings(**merged)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source)) from None
+    finally:
+        _flags.reset(token)

@@ -1,0 +1,75 @@
+"""``/api/v1/diagnoses``: the current state per target and model, with the evidence, as JSON.
+
+Pure: built from the watchers' published state, so a test can check it without HTTP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from daemon.report import iso, transition_dict
+from daemon.watcher import TargetState
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: a broken target's numbers become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def target_json(t: TargetState) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "target": t.name,
+        "url": t.url,
+        "up": t.up,
+        "scrapes": t.scrapes,
+        "scrape_failures": dict(t.failures),
+        "last_error": t.last_error or None,
+        "last_scrape_at": iso(t.last_scrape_at) if t.last_scrape_at else None,
+        "last_success_at": iso(t.last_success_at) if t.last_success_at else None,
+        "ceiling": dataclasses.asdict(t.ceiling) if t.ceiling else None,
+        "models": [],
+        "recent_transitions": [transition_dict(tr, target=t.name) for tr in t.recent],
+    }
+    view = t.view
+    if view is None:
+        return _finite(out)  # type: ignore[no-any-return]
+    active = {a.model_name: a for a in view.active}
+    ev = view.evaluation
+    for model, d in sorted(ev.diagnoses.items()):
+        incident = active.get(model)
+        out["models"].append(
+            {
+                "model_name": model,
+                "evaluated_at": iso(ev.at),
+                "diagnosis": incident.cause if incident else "healthy",
+                "incident_state": str(view.states.get(model, "clear")),
+                "incident_started_at": iso(incident.started_at) if incident else None,
+                "current_cause": d.cause,
+                "breaches": list(d.breaches),
+                "confidence": d.confidence,
+                "summary": d.summary,
+                "evidence": dict(d.evidence),
+                "secondary": list(d.secondary),
+                "remediation": list(d.remediation),
+                "signals": dataclasses.asdict(ev.signals[model]),
+            }
+        )
+    return _finite(out)  # type: ignore[no-any-return]
+
+
+def diagnoses_json(
+    targets: Iterable[TargetState], *, now: float, only: str | None = None
+) -> dict[str, Any]:
+    return {
+        "generated_at": iso(now),
+        "targets": [target_json(t) for t in targets if only is None or t.name == only],
+    }

@@ -1,0 +1,223 @@
+"""Delivering notifications to one receiver: in order, retried, never dropped silently.
+
+Each receiver has its own queue and one worker task, so a dead receiver delays only its
+own notifications (never a scrape, never another receiver), and what it receives arrives
+in the order it happened: a ``resolved`` never overtakes its ``firing``.
+
+A delivery that fails for a reason that may pass (connection refused, a timeout, HTTP
+5xx, 408, 429) is retried with exponential backoff and jitter by tenacity, honouring
+``Retry-After``, for ``retry_for_seconds``; then it is counted in ``failed`` and logged
+with what was lost. A 4xx other than 408/429 will not pass by retrying (a bad token, a
+payload the receiver refuses) and fails at once, loudly. A full queue drops its oldest
+notification, counted in ``dropped`` and logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import structlog
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from daemon.httpauth import auth_headers
+from daemon.settings import ReceiverSettings
+
+log = structlog.get_logger("vllm_triage.delivery")
+
+#: Statuses worth retrying: the receiver may be restarting or shedding load.
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """One POST to make: ``what`` says it in logs (no secrets, no bodies)."""
+
+    body: bytes
+    what: str
+    path: str = ""
+
+
+class RetryableError(Exception):
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class PermanentError(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class ReceiverStats:
+    sent: int = 0
+    retried: int = 0
+    failed: int = 0
+    dropped: int = 0
+    last_error: str = ""
+    last_success_at: float | None = None
+
+
+def signature(secret: bytes, body: bytes) -> str:
+    """The signature header's value: ``sha256=`` and the hex HMAC-SHA256 of the body."""
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    value = resp.headers.get("Retry-After", "")
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP date: rare from webhook receivers; back off as usual
+
+
+class Delivery:
+    """The queue and worker of one receiver."""
+
+    def __init__(self, name: str, settings: ReceiverSettings, client: httpx.AsyncClient) -> None:
+        self.name = name
+        self.settings = settings
+        self.stats = ReceiverStats()
+        self._client = client
+        self._url = settings.url.get_secret_value().rstrip("/")
+        if settings.type == "alertmanager":
+            # Given as Alertmanager's base URL; accept the full API path too.
+            self._url = self._url.removesuffix("/api/v2/alerts")
+        self._headers = {"Content-Type": "application/json", **auth_headers(settings)}
+        self._secret = (
+            settings.hmac_secret.get_secret_value().encode() if settings.hmac_secret else None
+        )
+        self._queue: deque[Notification] = deque()
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._busy = False
+        self._wait = wait_exponential_jitter(
+            initial=settings.retry_initial_seconds, max=settings.retry_max_seconds
+        )
+
+    @property
+    def pending(self) -> int:
+        """Notifications not yet delivered (queued, plus the one being tried)."""
+        return len(self._queue) + self._busy
+
+    def submit(self, n: Notification) -> None:
+        if len(self._queue) >= self.settings.queue_size:
+            lost = self._queue.popleft()
+            self.stats.dropped += 1
+            log.error("notification_dropped", receiver=self.name, what=lost.what, why="queue full")
+        self._queue.append(n)
+        self._idle.clear()
+        self._ready.set()
+
+    async def run(self) -> None:
+        """The worker: deliver the queue, oldest first, for ever (cancel to stop)."""
+        while True:
+            if not self._queue:
+                self._busy = False
+                self._idle.set()
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            n = self._queue.popleft()
+            self._busy = True
+            await self._deliver(n)
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    def abandon(self, why: str) -> int:
+        """Count and log everything still undelivered (at shutdown); how many."""
+        lost = list(self._queue) + ([] if not self._busy else [Notification(b"", "in flight")])
+        for n in lost:
+            self.stats.failed += 1
+            log.error("notification_failed", receiver=self.name, what=n.what, err=why)
+        self._queue.clear()
+        return len(lost)
+
+    def _wait_for(self, state: RetryCallState) -> float:
+        backoff = float(self._wait(state))
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, RetryableError) and exc.retry_after is not None:
+            return max(backoff, min(exc.retry_after, self.settings.retry_max_seconds))
+        return backoff
+
+    def _before_sleep(self, state: RetryCallState) -> None:
+        self.stats.retried += 1
+        exc = state.outcome.exception() if state.outcome else None
+        self.stats.last_error = str(exc)
+        log.warning(
+            "notification_retry",
+            receiver=self.name,
+            attempt=state.attempt_number,
+            err=str(exc),
+            next_in_s=round(state.upcoming_sleep, 2),
+        )
+
+    async def _deliver(self, n: Notification) -> None:
+        started = time.monotonic()
+        retrying = AsyncRetrying(
+            stop=stop_after_delay(self.settings.retry_for_seconds),
+            wait=self._wait_for,
+            retry=retry_if_exception_type(RetryableError),
+            before_sleep=self._before_sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    await self._post(n)
+        except (RetryableError, PermanentError) as exc:
+            self.stats.failed += 1
+            self.stats.last_error = str(exc)
+            log.error(
+                "notification_failed",
+                receiver=self.name,
+                what=n.what,
+                err=str(exc),
+                gave_up_after_s=round(time.monotonic() - started, 1),
+            )
+            return
+        self.stats.sent += 1
+        self.stats.last_success_at = time.time()
+        log.info(
+            "notification_sent",
+            receiver=self.name,
+            what=n.what,
+            took_s=round(time.monotonic() - started, 3),
+        )
+
+    async def _post(self, n: Notification) -> None:
+        headers: dict[str, Any] = dict(self._headers)
+        if self._secret is not None:
+            headers[self.settings.hmac_header] = signature(self._secret, n.body)
+        try:
+            resp = await self._client.post(
+                self._url + n.path,
+                content=n.body,
+                headers=headers,
+                timeout=self.settings.timeout_seconds,
+            )
+        except httpx.TimeoutException as exc:
+            raise RetryableError(f"timed out after {self.settings.timeout_seconds:g} s") from exc
+        except httpx.HTTPError as exc:
+            # The URL may hold a token (Slack's does): never let it into a message.
+            text = str(exc).replace(self._url, "<receiver url>")
+            raise RetryableError(f"{type(exc).__name__}: {text}") from exc
+        if resp.status_code // 100 == 2:
+            return
+        if resp.status_code in RETRYABLE_STATUS:
+            raise RetryableError(f"HTTP {resp.status_code}", _retry_after(resp))
+        raise PermanentError(f"HTTP {resp.status_code}: the receiver refused it; not retried")

@@ -1,0 +1,268 @@
+"""The derived metrics, as a custom prometheus_client Collector on its own registry.
+
+A Collector (rather than Gauge objects set on every scrape) renders whatever the
+watchers published last, at the moment Prometheus asks: nothing to keep in sync, and a
+model that disappears from a target disappears from ``/metrics`` with it.
+
+Naming follows Prometheus' rules: base units (seconds), ``_ratio`` for 0..1, ``_total``
+for counters only. Signals are labelled ``target`` and ``model_name``; a window without
+enough data for a value leaves that sample out (absent, not zero). Signals are only
+shown while the target is up; the diagnosis state set stays, because the incident does.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from prometheus_client import ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from daemon import __version__
+from daemon.delivery import Delivery
+from daemon.model import CAUSES, Diagnosis, Quantile, Signals
+from daemon.watcher import TargetState
+
+P = "vllm_triage_"
+DIAGNOSES = ("healthy", *CAUSES)
+BREACHES = ("ttft_p99", "itl_p99", "waiting", "kv_preemptions")
+MODEL = ("target", "model_name")
+
+
+def _q(q: Quantile | None) -> float | None:
+    return None if q is None else q.value
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+#: (name, help, value from the signals and the diagnosis): one gauge per model each.
+_SIGNALS: tuple[tuple[str, str, Callable[[Signals, Diagnosis], float | None]], ...] = (
+    ("ttft_mean_seconds", "Mean time to first token over the window.", lambda s, d: s.ttft_mean),
+    ("itl_mean_seconds", "Mean inter-token latency over the window.", lambda s, d: s.itl_mean),
+    (
+        "queue_time_ttft_ratio",
+        "Mean queue time as a share of mean TTFT (absent when not comparable).",
+        lambda s, d: _num(d.evidence.get("queue_share_of_ttft")),
+    ),
+    (
+        "prefill_time_ratio",
+        "Share of engine time spent in prefill (prefill / (prefill + decode)).",
+        lambda s, d: s.prefill_time_share,
+    ),
+    ("requests_waiting", "Mean requests waiting over the window.", lambda s, d: s.waiting_mean),
+    ("requests_running", "Mean requests running over the window.", lambda s, d: s.running_mean),
+    (
+        "kv_cache_usage_ratio",
+        "Mean KV-cache usage over the window (0..1).",
+        lambda s, d: s.kv_usage_mean,
+    ),
+    (
+        "kv_cache_usage_max_ratio",
+        "Highest KV-cache usage seen in the window (0..1).",
+        lambda s, d: s.kv_usage_max,
+    ),
+    (
+        "kv_headroom_requests",
+        "Requests of the window's mean size that still fit in the free KV cache.",
+        lambda s, d: _num(d.evidence.get("kv_headroom_requests")),
+    ),
+    (
+        "preemptions_per_second",
+        "Preemptions per second over the window.",
+        lambda s, d: s.preemptions_per_second,
+    ),
+    (
+        "decode_tokens_per_second",
+        "Measured per-stream decode rate: 1 / mean inter-token latency.",
+        lambda s, d: s.decode_tokens_per_second_per_stream,
+    ),
+    (
+        "decode_ceiling_tokens_per_second",
+        "Per-stream decode ceiling: memory bandwidth / weight bytes read per token.",
+        lambda s, d: _num(d.evidence.get("decode_ceiling_tokens_per_second")),
+    ),
+    (
+        "decode_ceiling_ratio",
+        "Measured decode rate / hardware ceiling (can exceed 1 with speculative decoding).",
+        lambda s, d: _num(d.evidence.get("decode_ceiling_ratio")),
+    ),
+    (
+        "prompt_tokens_per_second",
+        "Prompt tokens processed per second over the window.",
+        lambda s, d: s.prompt_tokens_per_second,
+    ),
+    (
+        "generation_tokens_per_second",
+        "Tokens generated per second over the window.",
+        lambda s, d: s.generation_tokens_per_second,
+    ),
+)
+
+
+class TriageCollector(Collector):
+    """Renders the watchers' and deliveries' latest state on every collection."""
+
+    def __init__(
+        self,
+        targets: Callable[[], Sequence[TargetState]],
+        deliveries: Callable[[], Sequence[Delivery]],
+    ) -> None:
+        self._targets = targets
+        self._deliveries = deliveries
+
+    def collect(self) -> Iterable[Metric]:
+        targets = list(self._targets())
+        yield from self._target_health(targets)
+        yield from self._signals(targets)
+        yield from self._diagnoses(targets)
+        yield from self._notifications()
+        info = GaugeMetricFamily(
+            P + "build_info", "vllm-triage's version.", labels=("version", "python_version")
+        )
+        info.add_metric((__version__, platform.python_version()), 1)
+        yield info
+
+    def _target_health(self, targets: list[TargetState]) -> Iterator[Metric]:
+        up = GaugeMetricFamily(P + "target_up", "1 if the last scrape worked.", labels=("target",))
+        duration = GaugeMetricFamily(
+            P + "scrape_duration_seconds", "How long the last scrape took.", labels=("target",)
+        )
+        last = GaugeMetricFamily(
+            P + "last_scrape_timestamp_seconds",
+            "Unix time of the last successful scrape.",
+            labels=("target",),
+        )
+        scrapes = CounterMetricFamily(P + "scrapes", "Scrapes attempted.", labels=("target",))
+        failures = CounterMetricFamily(
+            P + "scrape_failures",
+            "Failed scrapes, by reason (timeout, connect, http_status, too_large, parse, ...).",
+            labels=("target", "reason"),
+        )
+        skipped = CounterMetricFamily(
+            P + "scrape_skipped",
+            "Scheduled scrapes skipped because the previous one had not finished.",
+            labels=("target",),
+        )
+        problems = CounterMetricFamily(
+            P + "series_unusable",
+            "Series present in a scrape but unusable (NaN, broken histogram), left out.",
+            labels=("target",),
+        )
+        for t in targets:
+            up.add_metric((t.name,), 1.0 if t.up else 0.0)
+            scrapes.add_metric((t.name,), t.scrapes)
+            skipped.add_metric((t.name,), t.skipped_ticks)
+            problems.add_metric((t.name,), t.series_problems)
+            if t.last_duration_s is not None:
+                duration.add_metric((t.name,), t.last_duration_s)
+            if t.last_success_at is not None:
+                last.add_metric((t.name,), t.last_success_at)
+            for reason, n in sorted(t.failures.items()):
+                failures.add_metric((t.name, reason), n)
+        yield from (up, duration, last, scrapes, failures, skipped, problems)
+
+    def _signals(self, targets: list[TargetState]) -> Iterator[Metric]:
+        ttft = GaugeMetricFamily(
+            P + "ttft_seconds",
+            "Time to first token over the window, by quantile (histogram_quantile).",
+            labels=(*MODEL, "quantile"),
+        )
+        itl = GaugeMetricFamily(
+            P + "itl_seconds",
+            "Inter-token latency over the window, by quantile (histogram_quantile).",
+            labels=(*MODEL, "quantile"),
+        )
+        families = [GaugeMetricFamily(P + n, h, labels=MODEL) for n, h, _ in _SIGNALS]
+        for t in targets:
+            if not t.up or t.view is None:
+                continue
+            ev = t.view.evaluation
+            for model, s in sorted(ev.signals.items()):
+                d = ev.diagnoses[model]
+                for fam, q, qv in (
+                    (ttft, "0.5", s.ttft_p50),
+                    (ttft, "0.9", s.ttft_p90),
+                    (ttft, "0.99", s.ttft_p99),
+                    (itl, "0.5", s.itl_p50),
+                    (itl, "0.99", s.itl_p99),
+                ):
+                    value = _q(qv)
+                    if value is not None:
+                        fam.add_metric((t.name, model, q), value)
+                for fam, (_, _, get) in zip(families, _SIGNALS, strict=True):
+                    value = get(s, d)
+                    if value is not None:
+                        fam.add_metric((t.name, model), value)
+        yield ttft
+        yield itl
+        yield from families
+
+    def _diagnoses(self, targets: list[TargetState]) -> Iterator[Metric]:
+        state = GaugeMetricFamily(
+            P + "diagnosis",
+            "The open incident's cause per model: 1 for it, 0 for the others; healthy when none.",
+            labels=(*MODEL, "diagnosis"),
+        )
+        breach = GaugeMetricFamily(
+            P + "slo_breach",
+            "1 if the last evaluation breached this SLO.",
+            labels=(*MODEL, "slo"),
+        )
+        opened = CounterMetricFamily(
+            P + "incidents_opened",
+            "Incidents that started firing, by cause.",
+            labels=(*MODEL, "diagnosis"),
+        )
+        for t in targets:
+            if t.view is not None:
+                active = {a.model_name: a.cause for a in t.view.active}
+                for model, d in sorted(t.view.evaluation.diagnoses.items()):
+                    current = active.get(model, "healthy")
+                    for name in DIAGNOSES:
+                        state.add_metric((t.name, model, name), 1.0 if name == current else 0.0)
+                    for name in BREACHES:
+                        breach.add_metric((t.name, model, name), 1.0 if name in d.breaches else 0.0)
+            for (model, cause), n in sorted(t.incidents_opened.items()):
+                opened.add_metric((t.name, model, cause), n)
+        yield from (state, breach, opened)
+
+    def _notifications(self) -> Iterator[Metric]:
+        label = ("receiver",)
+        sent = CounterMetricFamily(P + "notifications_sent", "Delivered.", labels=label)
+        retried = CounterMetricFamily(
+            P + "notification_retries",
+            "Delivery attempts that failed and were retried.",
+            labels=label,
+        )
+        failed = CounterMetricFamily(
+            P + "notifications_failed",
+            "Notifications given up on after retrying (or refused with a 4xx).",
+            labels=label,
+        )
+        dropped = CounterMetricFamily(
+            P + "notifications_dropped", "Dropped because the queue was full.", labels=label
+        )
+        pending = GaugeMetricFamily(
+            P + "notifications_pending", "Waiting for delivery, or being tried.", labels=label
+        )
+        for d in self._deliveries():
+            sent.add_metric((d.name,), d.stats.sent)
+            retried.add_metric((d.name,), d.stats.retried)
+            failed.add_metric((d.name,), d.stats.failed)
+            dropped.add_metric((d.name,), d.stats.dropped)
+            pending.add_metric((d.name,), d.pending)
+        yield from (sent, retried, failed, dropped, pending)
+
+
+def build_registry(
+    targets: Callable[[], Sequence[TargetState]], deliveries: Callable[[], Sequence[Delivery]]
+) -> CollectorRegistry:
+    """A registry of our own: no process or platform collectors from the global one."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(TriageCollector(targets, deliveries))
+    # The daemon's own CPU and memory (process_*), for its resource limits.
+    ProcessCollector(registry=registry)
+    return registry

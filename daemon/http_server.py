@@ -1,0 +1,132 @@
+"""The daemon's HTTP endpoint, served from a thread so a slow client never stalls scraping.
+
+    GET /metrics            derived metrics (prometheus_client's WSGI app: content
+                            negotiation, OpenMetrics, gzip)
+    GET /healthz            200 while the process lives
+    GET /readyz             200 once settings are loaded and the scheduler runs; 503
+                            before and while shutting down. Never tied to a target
+                            being up: a sidecar must not hold its pod out of service.
+    GET /api/v1/diagnoses   JSON state per target and model (``?target=NAME`` filters)
+
+Anything but GET on a route is 405; unknown paths are 404.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+from urllib.parse import parse_qs
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+import structlog
+from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.registry import CollectorRegistry
+
+from daemon.api import diagnoses_json
+from daemon.watcher import TargetState
+
+log = structlog.get_logger("vllm_triage.http")
+
+StartResponse = Callable[..., Any]
+ROUTES = ("/", "/metrics", "/healthz", "/readyz", "/api/v1/diagnoses")
+INDEX = b"""vllm-triage
+  /metrics            derived metrics for Prometheus
+  /healthz            liveness
+  /readyz             readiness
+  /api/v1/diagnoses   current diagnosis per target and model (JSON)
+"""
+
+
+class Endpoints:
+    """The WSGI application."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        targets: Callable[[], Sequence[TargetState]],
+        ready: Callable[[], bool],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._metrics = make_wsgi_app(registry)
+        self._targets = targets
+        self._ready = ready
+        self._clock = clock
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if path not in ROUTES:
+            return _reply(start_response, "404 Not Found", b"not found\n")
+        if environ.get("REQUEST_METHOD") != "GET":
+            return _reply(
+                start_response,
+                "405 Method Not Allowed",
+                b"only GET is allowed\n",
+                extra=[("Allow", "GET")],
+            )
+        if path == "/metrics":
+            return self._metrics(environ, start_response)  # type: ignore[no-any-return]
+        if path == "/healthz":
+            return _reply(start_response, "200 OK", b"ok\n")
+        if path == "/readyz":
+            if self._ready():
+                return _reply(start_response, "200 OK", b"ready\n")
+            return _reply(start_response, "503 Service Unavailable", b"not ready\n")
+        if path == "/api/v1/diagnoses":
+            query = parse_qs(environ.get("QUERY_STRING", ""))
+            only = query.get("target", [None])[0]
+            doc = diagnoses_json(self._targets(), now=self._clock(), only=only)
+            body = json.dumps(doc, indent=2, allow_nan=False).encode("utf-8") + b"\n"
+            return _reply(start_response, "200 OK", body, ctype="application/json")
+        return _reply(start_response, "200 OK", INDEX)
+
+
+def _reply(
+    start_response: StartResponse,
+    status: str,
+    body: bytes,
+    *,
+    ctype: str = "text/plain; charset=utf-8",
+    extra: Sequence[tuple[str, str]] = (),
+) -> list[bytes]:
+    start_response(status, [("Content-Type", ctype), ("Content-Length", str(len(body))), *extra])
+    return [body]
+
+
+class _Handler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http_request", client=self.client_address[0], line=format % args)
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class HttpServer:
+    """Binds in the constructor (a port in use fails before anything starts)."""
+
+    def __init__(self, listen: str, app: Endpoints) -> None:
+        host, port = split_listen(listen)
+        self._server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_Handler)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="vllm-triage-http", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(timeout=5.0)
+        self._server.server_close()

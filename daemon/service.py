@@ -1,0 +1,167 @@
+"""``vllm-triage run``: the daemon. Wires the watchers, the notifier, the scheduler and the
+HTTP endpoint together, and takes them down in order.
+
+Scheduling is APScheduler 3's ``AsyncIOScheduler``, one interval job per target with
+``max_instances=1`` (a scrape never overlaps the previous one of its target; the tick
+that would have is skipped and counted) and ``coalesce`` (a late loop runs one catch-up
+scrape, not a burst). First runs are spread over one interval, so a hundred targets do
+not all fire in the same millisecond. A slow target costs only its own job: each scrape
+is an awaited HTTP request with a timeout, so others run meanwhile.
+
+Shutdown (SIGTERM, SIGINT, or ``stop`` set): not ready; no new scrapes; scrapes in flight
+finish (each bounded by its timeout); pending notifications are delivered until
+``shutdown_grace_seconds`` have passed since the signal; whatever is still undelivered
+then is counted as failed and logged, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import structlog
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from daemon import __version__
+from daemon.exporter import build_registry
+from daemon.http_server import Endpoints, HttpServer
+from daemon.notifier import Notifier
+from daemon.settings import Settings
+from daemon.watcher import TargetState, TargetWatcher
+
+log = structlog.get_logger("vllm_triage.service")
+
+#: How often the notifier looks for repeats and Alertmanager re-sends.
+NOTIFIER_TICK_S = 1.0
+
+
+def external_url(settings: Settings, address: tuple[str, int]) -> str:
+    if settings.alerting.external_url:
+        return settings.alerting.external_url.rstrip("/")
+    host, port = address
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    return f"http://{host}:{port}"
+
+
+class Daemon:
+    """Everything is built (and the port bound) in the constructor, so a bad setting or a
+    port in use fails before anything runs; ``run`` then serves until stopped."""
+
+    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.ready = False
+        self._client = httpx.AsyncClient(
+            follow_redirects=True, limits=httpx.Limits(max_connections=None)
+        )
+        self._targets: list[TargetState] = []
+        endpoints = Endpoints(
+            build_registry(lambda: self._targets, lambda: self.notifier.deliveries),
+            lambda: self._targets,
+            lambda: self.ready,
+            clock,
+        )
+        self.http = HttpServer(settings.listen, endpoints)
+        self.notifier = Notifier(settings, self._client, external_url(settings, self.address))
+        self.watchers = [
+            TargetWatcher(t, settings, client=self._client, notifier=self.notifier, clock=clock)
+            for t in settings.targets
+        ]
+        self._targets = [w.state for w in self.watchers]
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.http.address
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        return f"http://{host}:{port}"
+
+    def _on_skipped(self, event: JobEvent) -> None:
+        for w in self.watchers:
+            if event.job_id == f"scrape:{w.state.name}":
+                w.state.skipped_ticks += 1
+                log.warning("scrape_skipped", target=w.state.name, why="previous still running")
+
+    async def run(self, stop: asyncio.Event | None = None, *, handle_signals: bool = False) -> None:
+        stop = stop or asyncio.Event()
+        loop = asyncio.get_running_loop()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+        s = self.settings
+        workers = [
+            asyncio.create_task(d.run(), name=f"deliver:{d.name}") for d in self.notifier.deliveries
+        ]
+        scheduler = AsyncIOScheduler(timezone=UTC, event_loop=loop)
+        now = datetime.now(UTC)
+        n = max(len(self.watchers), 1)
+        for i, w in enumerate(self.watchers):
+            scheduler.add_job(
+                w.scrape,
+                "interval",
+                seconds=s.interval_seconds,
+                id=f"scrape:{w.state.name}",
+                max_instances=1,
+                coalesce=True,
+                misfire_grace_time=max(1, int(s.interval_seconds)),
+                next_run_time=now + timedelta(seconds=s.interval_seconds * i / n),
+            )
+        scheduler.add_job(
+            lambda: self.notifier.tick(self.clock()),
+            "interval",
+            seconds=NOTIFIER_TICK_S,
+            id="notifier",
+            max_instances=1,
+            coalesce=True,
+        )
+        scheduler.add_listener(self._on_skipped, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED)
+        self.http.start()
+        scheduler.start()
+        self.ready = True
+        log.info(
+            "started",
+            version=__version__,
+            listen=f"{self.address[0]}:{self.address[1]}",
+            targets=[w.state.name for w in self.watchers],
+            receivers=[d.name for d in self.notifier.deliveries],
+            interval_s=s.interval_seconds,
+        )
+        try:
+            await stop.wait()
+        finally:
+            await self._shutdown(scheduler, workers)
+
+    async def _shutdown(
+        self, scheduler: AsyncIOScheduler, workers: list[asyncio.Task[None]]
+    ) -> None:
+        began = time.monotonic()
+        deadline = began + self.settings.shutdown_grace_seconds
+        self.ready = False
+        log.info("stopping", grace_s=self.settings.shutdown_grace_seconds)
+        scheduler.shutdown(wait=False)
+        while any(w.in_flight for w in self.watchers) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        pending = sum(d.pending for d in self.notifier.deliveries)
+        if pending:
+            log.info("delivering_before_exit", pending=pending)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await asyncio.gather(*(d.wait_idle() for d in self.notifier.deliveries))
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        lost = sum(d.abandon("undelivered at shutdown") for d in self.notifier.deliveries)
+        await self._client.aclose()
+        self.http.stop()
+        log.info("stopped", took_s=round(time.monotonic() - began, 2), undelivered=lost)

@@ -1,0 +1,190 @@
+"""One target: scrape, parse, evaluate, publish the result, hand transitions to the notifier.
+
+The scheduler calls ``scrape`` once per tick; everything that can go wrong with a
+target (refused, slow, 500, garbage, too big) ends here as a counted, logged failure
+and the next tick tries again. What the exporter and the API read is ``TargetState``;
+the event loop replaces its ``view`` whole after each evaluation (the HTTP thread reads
+it without a lock: swapping one reference is atomic, and a view is never mutated).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import structlog
+
+from daemon.diagnose import Ceiling
+from daemon.errors import ParseError, ScrapeError
+from daemon.evaluate import Evaluation
+from daemon.httpauth import auth_headers
+from daemon.incidents import Active, State
+from daemon.model import Cause, Transition
+from daemon.notifier import Notifier
+from daemon.parse import SnapshotParser
+from daemon.rulebook import build_evaluator, build_rulebook
+from daemon.scrape import fetch_async
+from daemon.settings import Settings, TargetSettings
+
+log = structlog.get_logger("vllm_triage.watcher")
+
+#: A failing target logs its first failure at once, then one summary line per this
+#: many seconds, and one line when it recovers: a dead target must not flood the logs.
+FAILURE_LOG_EVERY_S = 60.0
+RECENT_TRANSITIONS = 20
+
+
+def safe_url(url: str) -> str:
+    """``url`` without a user:password part, for logs and the API."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """The latest evaluation of a target and the incident state it left."""
+
+    evaluation: Evaluation
+    states: dict[str, State]
+    active: tuple[Active, ...]
+
+
+@dataclass(slots=True)
+class TargetState:
+    name: str
+    url: str
+    ceiling: Ceiling | None
+    up: bool = False
+    scrapes: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    skipped_ticks: int = 0
+    series_problems: int = 0
+    last_scrape_at: float | None = None
+    last_success_at: float | None = None
+    last_duration_s: float | None = None
+    last_error: str = ""
+    view: View | None = None
+    incidents_opened: Counter[tuple[str, Cause]] = field(default_factory=Counter)
+    recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))
+
+
+class TargetWatcher:
+    def __init__(
+        self,
+        target: TargetSettings,
+        settings: Settings,
+        *,
+        client: httpx.AsyncClient,
+        notifier: Notifier | None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        own = settings.for_target(target)
+        rulebook = build_rulebook(own)
+        self.target = target
+        self.evaluator = build_evaluator(own, rulebook)
+        self.parser = SnapshotParser()
+        self.state = TargetState(target.name, safe_url(target.url), rulebook.ceiling)
+        self.in_flight = False
+        self._client = client
+        self._notifier = notifier
+        self._clock = clock
+        self._timeout = settings.scrape_timeout
+        self._max_body = settings.max_body_bytes
+        self._headers = auth_headers(target)
+        self._failing_since_log: float | None = None
+        self._suppressed = 0
+
+    async def scrape(self) -> None:
+        """One tick: never raises for anything the target did."""
+        self.in_flight = True
+        st = self.state
+        at = self._clock()
+        started = time.monotonic()
+        try:
+            body = await fetch_async(
+                self._client,
+                self.target.url,
+                timeout=self._timeout,
+                max_body_bytes=self._max_body,
+                headers=self._headers,
+            )
+            snapshot = self.parser.parse_bytes(body, at)
+        except ScrapeError as exc:
+            self._failed(exc.reason, str(exc))
+            return
+        except ParseError as exc:
+            self._failed("parse", f"unreadable /metrics: {exc}")
+            return
+        finally:
+            st.scrapes += 1
+            st.last_scrape_at = at
+            st.last_duration_s = time.monotonic() - started
+            self.in_flight = False
+        self._recovered()
+        st.up, st.last_success_at = True, at
+        evaluation = self.evaluator.step(snapshot)
+        if snapshot.problems:
+            st.series_problems += len(snapshot.problems)
+            log.warning("series_unusable", target=st.name, problems=list(snapshot.problems)[:5])
+        if not evaluation.accepted:
+            log.warning("snapshot_out_of_order", target=st.name, at=at)
+            return
+        incidents = self.evaluator.incidents
+        st.view = View(
+            evaluation=evaluation,
+            states={m: incidents.state(m) for m in evaluation.diagnoses},
+            active=tuple(incidents.active()),
+        )
+        for t in evaluation.transitions:
+            self._log_transition(t)
+            st.recent.append(t)
+            if t.event == "firing":
+                st.incidents_opened[(t.model_name, t.cause)] += 1
+        if evaluation.transitions and self._notifier is not None:
+            self._notifier.notify(st.name, evaluation.transitions, now=at)
+
+    def _log_transition(self, t: Transition) -> None:
+        d = t.diagnosis
+        log.info(
+            f"incident_{t.event}",
+            target=self.state.name,
+            model_name=t.model_name,
+            diagnosis=t.cause,
+            reason=str(t.reason),
+            confidence=round(d.confidence, 2),
+            summary=d.summary,
+            lasted_s=round(t.at - t.started_at, 1) if t.event == "resolved" else None,
+            evidence=dict(d.evidence) if t.event == "firing" else None,
+        )
+
+    def _failed(self, reason: str, message: str) -> None:
+        st = self.state
+        st.up = False
+        st.failures[reason] += 1
+        st.last_error = message
+        now = time.monotonic()
+        last = self._failing_since_log
+        if last is None or now - last >= FAILURE_LOG_EVERY_S:
+            log.warning(
+                "scrape_failed",
+                target=st.name,
+                reason=reason,
+                err=message,
+                failures_since_last_log=self._suppressed + 1,
+            )
+            self._failing_since_log, self._suppressed = now, 0
+        else:
+            self._suppressed += 1
+
+    def _recovered(self) -> None:
+        if self._failing_since_log is not None:
+            log.info("scrape_recovered", target=self.state.name, suppressed=self._suppressed)
+        self._failing_since_log, self._suppressed = None, 0
