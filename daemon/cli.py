@@ -18,7 +18,8 @@ from daemon.logs import configure
 
 EPILOG = """\
 examples:
-  vllm-triage demo                                  watch the diagnosis on a simulated tour
+  vllm-triage demo                                  watch the daemon diagnose a simulated server
+  vllm-triage run --config triage.yaml              the daemon (see `vllm-triage run --help`)
   vllm-triage simulate --scenario tour --port 8000  serve a simulated vLLM server's /metrics
   vllm-triage record http://127.0.0.1:8000/metrics --out rec/ --interval 5 --duration 600
   vllm-triage replay rec/ --config triage.yaml --format json
@@ -102,27 +103,50 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser(
         "demo",
-        help="diagnose simulated vLLM servers, one per cause (no GPU needed)",
+        help="watch the daemon diagnose a simulated vLLM server, live (no GPU needed)",
         description=(
-            "Simulate a vLLM server in virtual time for each scenario (healthy, then one per "
-            "cause), render its /metrics as vLLM does, and run every scrape through the "
-            "same diagnosis as a live run. Takes seconds. Exit 1 if a scenario is not "
-            "diagnosed as the cause it was built to show."
+            "Start a simulated vLLM server playing the `tour` scenario (healthy, then each "
+            "cause in turn) at --speed times real time, the daemon scraping it exactly as "
+            "`run` does, and a local webhook receiver; show a live view of the signals, the "
+            "diagnosis and the transitions, and print the URL of the derived /metrics. Takes "
+            "about 45 s. Exit 1 if a cause the scenario was built to show was not delivered "
+            "as an alert. With --offline: no sockets, every scenario in virtual time, in "
+            "seconds."
         ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--scenario",
         action="append",
         choices=(*DEFAULT_SCENARIOS, "tour"),
         metavar="NAME",
-        help=f"run only this scenario (repeatable; one of {', '.join(DEFAULT_SCENARIOS)}, tour)",
+        help=(
+            "scenario(s) to run (repeatable; one of "
+            f"{', '.join(DEFAULT_SCENARIOS)}, tour). Live: one target each (default tour "
+            "and decode_bound); "
+            "--offline: run in turn (default: all but tour)"
+        ),
     )
     p.add_argument(
         "--duration",
         type=positive_float,
-        default=300.0,
+        default=None,
         metavar="S",
-        help="simulated seconds per scenario (default 300)",
+        help="simulated seconds (live default: the scenario plus 60 s; --offline: 300 each)",
+    )
+    p.add_argument(
+        "--speed",
+        type=positive_float,
+        default=20.0,
+        metavar="X",
+        help="live: simulated seconds per real second (default 20)",
+    )
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:9468",
+        metavar="HOST:PORT",
+        help="live: where the daemon serves /metrics (default 127.0.0.1:9468; a free port "
+        "if taken)",
     )
     p.add_argument(
         "--config",
@@ -130,15 +154,20 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="YAML settings (SLOs, thresholds); hardware comes from each scenario",
     )
     p.add_argument(
+        "--offline",
+        action="store_true",
+        help="diagnose recordings simulated in virtual time instead (no sockets, seconds)",
+    )
+    p.add_argument(
         "--format",
         choices=("text", "json"),
         default="text",
-        help="text for people, json for one transition per line",
+        help="--offline: text for people, json for one transition per line",
     )
     p.add_argument(
         "--record",
         metavar="DIR",
-        help="also write each scenario's scrapes to DIR/<scenario>/, ready for `replay`",
+        help="--offline: also write each scenario's scrapes to DIR/<scenario>/ for `replay`",
     )
     p.set_defaults(func=_run_demo)
 
@@ -197,6 +226,36 @@ def _run_replay(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    if args.offline:
+        return _run_offline_demo(args)
+    if args.record or args.format != "text":
+        raise ConfigError("--record and --format need --offline")
+    from daemon.live_demo import DEFAULT_LIVE, run_live_demo
+
+    names = tuple(dict.fromkeys(args.scenario or DEFAULT_LIVE))
+    result = run_live_demo(
+        names,
+        speed=args.speed,
+        listen=args.listen,
+        config=args.config,
+        duration_s=args.duration,
+    )
+    print()
+    good = True
+    for name, (ok, why) in result.verdicts().items():
+        good &= ok
+        resolved = ", ".join(result.resolved.get(name, [])) or "none"
+        print(
+            f"{name}: {'ok' if ok else 'NOT AS EXPECTED'}: {why}; alerts fired: "
+            f"{', '.join(result.fired.get(name, [])) or 'none'}; resolved: {resolved}"
+        )
+    print(
+        f"{result.delivered} notifications delivered to the local receiver, {result.failed} failed."
+    )
+    return 0 if good and not result.failed else 1
+
+
+def _run_offline_demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from daemon.demo import DEFAULT_SCENARIOS, EXPECTED, run_demo
@@ -207,13 +266,14 @@ def _run_demo(args: argparse.Namespace) -> int:
     text = args.format == "text"
     if text:
         print(
-            f"vllm-triage demo: {len(names)} simulated vLLM servers, {args.duration:g} s each, "
+            f"vllm-triage demo: {len(names)} simulated vLLM servers, "
+            f"{args.duration or 300.0:g} s each, "
             "diagnosed from their /metrics as a live run would be.\n"
         )
     good = 0
     record_dir = Path(args.record) if args.record else None
     for run in run_demo(
-        load_settings(args.config), names, duration_s=args.duration, record_dir=record_dir
+        load_settings(args.config), names, duration_s=args.duration or 300.0, record_dir=record_dir
     ):
         expected = EXPECTED.get(run.name)
         first = run.fired[0] if run.fired else None
@@ -268,7 +328,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"vllm-triage {__version__}")
     parser.add_argument(
-        "--log-level", default="info", choices=("debug", "info", "warning", "error")
+        "--log-level",
+        default=None,
+        choices=("debug", "info", "warning", "error"),
+        help="default: info (warning for demo, whose view is the output)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default="auto",
+        choices=("auto", "json", "console"),
+        help="auto: JSON lines unless stderr is a terminal (default)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(sub)
@@ -287,7 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    configure(args.log_level)
+    level = args.log_level or ("warning" if args.command == "demo" else "info")
+    configure(level, json=None if args.log_format == "auto" else args.log_format == "json")
     try:
         code: int = args.func(args)
     except ConfigError as exc:

@@ -73,6 +73,8 @@ class TargetState:
     last_error: str = ""
     view: View | None = None
     incidents_opened: Counter[tuple[str, Cause]] = field(default_factory=Counter)
+    #: Every transition so far (``recent`` keeps the last few of them).
+    transitions: int = 0
     recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))
 
 
@@ -146,6 +148,7 @@ class TargetWatcher:
         for t in evaluation.transitions:
             self._log_transition(t)
             st.recent.append(t)
+            st.transitions += 1
             if t.event == "firing":
                 st.incidents_opened[(t.model_name, t.cause)] += 1
         if evaluation.transitions and self._notifier is not None:

@@ -77,6 +77,7 @@ class WorkloadFields(_Strict):
 
 class PhaseFields(_Strict):
     duration_seconds: float = Field(gt=0, allow_inf_nan=False)
+    label: str = ""
     workload: WorkloadFields
     server: ServerFields | None = None
 
@@ -143,7 +144,7 @@ def parse_scenario(data: Any, *, source: str) -> Scenario:
             workload = Workload(**phase.workload.model_dump(exclude_none=True))
         except ValueError as exc:  # a combination, e.g. a uniform spread of 1 or more
             raise ConfigError(f"{source}: {where}.workload: {exc}") from exc
-        phases.append(Phase(phase.duration_seconds, workload, own))
+        phases.append(Phase(phase.duration_seconds, workload, own, phase.label))
     return Scenario(fields.name, spec, tuple(phases), fields.model_name)
 
 

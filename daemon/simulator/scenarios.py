@@ -101,11 +101,13 @@ def llama_8b(
 
 @dataclass(frozen=True, slots=True)
 class Phase:
-    """``duration_s`` of ``workload``, on ``spec`` (``None``: the scenario's server)."""
+    """``duration_s`` of ``workload``, on ``spec`` (``None``: the scenario's server);
+    ``label`` says what the phase shows (the live demo prints it)."""
 
     duration_s: float
     workload: Workload
     spec: ServerSpec | None = None
+    label: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +122,15 @@ class Scenario:
     @property
     def duration_s(self) -> float:
         return sum(p.duration_s for p in self.phases)
+
+    def phase_at(self, t: float) -> Phase:
+        """The phase playing at ``t`` simulated seconds (the last one goes on for ever)."""
+        end = 0.0
+        for phase in self.phases:
+            end += phase.duration_s
+            if t < end:
+                return phase
+        return self.phases[-1]
 
 
 def hold_last_phase(scenario: Scenario, until_s: float = math.inf) -> Scenario:
