@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from daemon import __version__, ceiling_cmd, run_cmd, simulate_cmd
+from daemon import __version__, ceiling_cmd, check_cmd, run_cmd, simulate_cmd
 from daemon.argtypes import positive_float, positive_int
 from daemon.errors import ConfigError, RecordingError
 from daemon.logs import configure
@@ -20,6 +20,7 @@ EPILOG = """\
 examples:
   vllm-triage demo                                  watch the daemon diagnose a simulated server
   vllm-triage run --config triage.yaml              the daemon (see `vllm-triage run --help`)
+  vllm-triage check http://127.0.0.1:8000/metrics   diagnose a live server once
   vllm-triage simulate --scenario tour --port 8000  serve a simulated vLLM server's /metrics
   vllm-triage record http://127.0.0.1:8000/metrics --out rec/ --interval 5 --duration 600
   vllm-triage replay rec/ --config triage.yaml --format json
@@ -342,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_demo(sub)
     run_cmd.add_parser(sub)
+    check_cmd.add_parser(sub)
     simulate_cmd.add_parser(sub)
     _add_record(sub)
     _add_replay(sub)

@@ -81,6 +81,7 @@ def watched(scenario: str, *, name: str | None = None, duration_s: float = 60.0)
         )
         for t in evaluation.transitions:
             state.recent.append(t)
+            state.transitions += 1
             if t.event == "firing":
                 state.incidents_opened[(t.model_name, t.cause)] += 1
     return state
@@ -134,9 +135,7 @@ def deliveries() -> Iterator[list[Delivery]]:
         ReceiverSettings(type="alertmanager_webhook", url="http://127.0.0.1:9/hook", queue_size=1),
         client,
     )
-    chat = Delivery(
-        "chat", ReceiverSettings(type="slack", url="http://127.0.0.1:9/slack"), client
-    )
+    chat = Delivery("chat", ReceiverSettings(type="slack", url="http://127.0.0.1:9/slack"), client)
     yield [ops, chat]
     asyncio.run(client.aclose())
 

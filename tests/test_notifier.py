@@ -1,0 +1,274 @@
+"""Tests for daemon/notifier.py: which notifications each receiver gets, and when.
+
+No worker runs and nothing is sent: each receiver's ``Delivery`` queue is read as it
+stands after ``notify`` and ``tick``. Time is the ``now`` the test passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from daemon.alerts import GO_ZERO_TIME, fingerprint, go_time
+from daemon.delivery import Delivery
+from daemon.model import Cause, Diagnosis, Reason, Transition
+from daemon.notifier import VALID_FOR_RESENDS, Notifier
+from daemon.settings import Settings, load_settings
+
+EXTERNAL = "http://triage.example:9468"
+TARGET = "gpu-0"
+MODEL = "llama-8b"
+T0 = 1_800_000_000.0
+
+
+@pytest.fixture
+def client() -> Iterator[httpx.AsyncClient]:
+    c = httpx.AsyncClient(trust_env=False)
+    yield c
+    asyncio.run(c.aclose())
+
+
+def settings(*receivers: dict[str, Any], severity: str = "page") -> Settings:
+    return load_settings(
+        flags={"receivers": list(receivers), "alerting": {"severity": severity}}
+    )
+
+
+def webhook(**kw: Any) -> dict[str, Any]:
+    return {"type": "alertmanager_webhook", "url": "http://127.0.0.1:9/hook", **kw}
+
+
+def broken(cause: Cause, at: float, model: str = MODEL) -> Diagnosis:
+    return Diagnosis(
+        model_name=model,
+        at=at,
+        breaches=("ttft_p99",),
+        cause=cause,
+        confidence=0.9,
+        summary=f"{cause} summary",
+        evidence={"waiting_mean": 4.0},
+        remediation=(f"fix {cause}",),
+    )
+
+
+def fire(cause: Cause = "kv_pressure", at: float = T0, model: str = MODEL) -> Transition:
+    return Transition("firing", Reason.OPENED, model, cause, at, at, broken(cause, at, model))
+
+
+def resolve(
+    cause: Cause = "kv_pressure", at: float = T0 + 300, started: float = T0, model: str = MODEL
+) -> Transition:
+    """As ``IncidentTracker`` makes it: the diagnosis is the clear one that resolved it."""
+    clear = Diagnosis(model_name=model, at=at, breaches=(), cause=None)
+    return Transition("resolved", Reason.RESOLVED, model, cause, at, started, clear)
+
+
+def queued(d: Delivery) -> list[Any]:
+    return [json.loads(n.body) for n in d._queue]
+
+
+def paths(d: Delivery) -> list[str]:
+    return [n.path for n in d._queue]
+
+
+class TestWebhook:
+    def test_firing_then_resolved_in_order(self, client: httpx.AsyncClient) -> None:
+        n = Notifier(settings(webhook(name="pager")), client, EXTERNAL)
+        n.notify(TARGET, [fire()], now=T0)
+        n.notify(TARGET, [resolve()], now=T0 + 300)
+        (d,) = n.deliveries
+        first, second = queued(d)
+        assert [first["status"], second["status"]] == ["firing", "resolved"]
+        assert first["receiver"] == second["receiver"] == "pager"
+        assert first["version"] == "4"
+        a, b = first["alerts"][0], second["alerts"][0]
+        assert a["fingerprint"] == b["fingerprint"] == fingerprint(a["labels"])
+        assert a["endsAt"] == GO_ZERO_TIME
+        assert b["startsAt"] == a["startsAt"] == go_time(T0)
+        assert b["endsAt"] == go_time(T0 + 300)
+        assert a["labels"]["severity"] == "page"
+        assert [x.what for x in d._queue] == [
+            f"firing kv_pressure {TARGET}/{MODEL}",
+            f"resolved kv_pressure {TARGET}/{MODEL}",
+        ]
+        assert paths(d) == ["", ""]
+        assert n.active == {}
+
+    def test_resolved_keeps_the_firing_annotations(self, client: httpx.AsyncClient) -> None:
+        """The resolving diagnosis is empty; the resolved alert still says what it was."""
+        n = Notifier(settings(webhook()), client, EXTERNAL)
+        n.notify(TARGET, [fire()], now=T0)
+        n.notify(TARGET, [resolve()], now=T0 + 300)
+        first, second = queued(n.deliveries[0])
+        notes = second["alerts"][0]["annotations"]
+        assert notes == first["alerts"][0]["annotations"]
+        assert notes["summary"].startswith("kv_pressure on gpu-0")
+        assert notes["remediation"] == "- fix kv_pressure"
+
+    def test_cause_changed_resolves_then_fires(self, client: httpx.AsyncClient) -> None:
+        n = Notifier(settings(webhook()), client, EXTERNAL)
+        n.notify(TARGET, [fire("queue_bound")], now=T0)
+        later = T0 + 60
+        changed = [
+            Transition(
+                "resolved",
+                Reason.CAUSE_CHANGED,
+                MODEL,
+                "queue_bound",
+                later,
+                T0,
+                broken("kv_pressure", later),
+            ),
+            Transition(
+                "firing",
+                Reason.CAUSE_CHANGED,
+                MODEL,
+                "kv_pressure",
+                later,
+                later,
+                broken("kv_pressure", later),
+            ),
+        ]
+        n.notify(TARGET, changed, now=later)
+        bodies = queued(n.deliveries[0])
+        assert [(b["status"], b["alerts"][0]["labels"]["diagnosis"]) for b in bodies] == [
+            ("firing", "queue_bound"),
+            ("resolved", "queue_bound"),
+            ("firing", "kv_pressure"),
+        ]
+        assert bodies[1]["alerts"][0]["annotations"]["summary"].startswith("queue_bound")
+        assert [a.labels["diagnosis"] for a in n.active.values()] == ["kv_pressure"]
+
+    def test_send_resolved_false_skips_resolved(self, client: httpx.AsyncClient) -> None:
+        n = Notifier(
+            settings(webhook(name="quiet", send_resolved=False), webhook(name="all")),
+            client,
+            EXTERNAL,
+        )
+        n.notify(TARGET, [fire()], now=T0)
+        n.notify(TARGET, [resolve()], now=T0 + 300)
+        quiet, everything = n.deliveries
+        assert [b["status"] for b in queued(quiet)] == ["firing"]
+        assert [b["status"] for b in queued(everything)] == ["firing", "resolved"]
+
+    def test_every_receiver_gets_its_own_queue(self, client: httpx.AsyncClient) -> None:
+        n = Notifier(settings(webhook(), webhook(name="b"), webhook()), client, EXTERNAL)
+        assert [d.name for d in n.deliveries] == [
+            "alertmanager_webhook-0",
+            "b",
+            "alertmanager_webhook-2",
+        ]
+        n.notify(TARGET, [fire()], now=T0)
+        assert [queued(d)[0]["receiver"] for d in n.deliveries] == [d.name for d in n.deliveries]
+
+    def test_repeat_interval(self, client: httpx.AsyncClient) -> None:
+        """A long incident is notified again on tick only once repeat_interval has passed."""
+        n = Notifier(settings(webhook(repeat_interval_seconds=600)), client, EXTERNAL)
+        (d,) = n.deliveries
+        n.notify(TARGET, [fire()], now=T0)
+        n.tick(T0 + 1)
+        n.tick(T0 + 599.9)
+        assert len(d._queue) == 1
+        n.tick(T0 + 600)
+        assert len(d._queue) == 2
+        n.tick(T0 + 700)
+        assert len(d._queue) == 2
+        n.tick(T0 + 1200)
+        assert len(d._queue) == 3
+        bodies = queued(d)
+        assert [b["status"] for b in bodies] == ["firing"] * 3
+        assert len({b["alerts"][0]["fingerprint"] for b in bodies}) == 1
+        assert bodies[2]["alerts"][0]["startsAt"] == go_time(T0)
+
+    def test_no_repeat_after_resolve(self, client: httpx.AsyncClient) -> None:
+        n = Notifier(settings(webhook(repeat_interval_seconds=600)), client, EXTERNAL)
+        (d,) = n.deliveries
+        n.notify(TARGET, [fire()], now=T0)
+        n.notify(TARGET, [resolve(at=T0 + 100)], now=T0 + 100)
+        n.tick(T0 + 10_000)
+        assert [b["status"] for b in queued(d)] == ["firing", "resolved"]
+
+    def test_repeats_are_per_alert(self, client: httpx.AsyncClient) -> None:
+        """Two incidents opened at different times repeat on their own schedules."""
+        n = Notifier(settings(webhook(repeat_interval_seconds=600)), client, EXTERNAL)
+        (d,) = n.deliveries
+        n.notify(TARGET, [fire("kv_pressure", model="a")], now=T0)
+        n.notify(TARGET, [fire("decode_bound", T0 + 300, model="b")], now=T0 + 300)
+        n.tick(T0 + 600)
+        models = [b["alerts"][0]["labels"]["model_name"] for b in queued(d)]
+        assert models == ["a", "b", "a"]
+        n.tick(T0 + 900)
+        models = [b["alerts"][0]["labels"]["model_name"] for b in queued(d)]
+        assert models == ["a", "b", "a", "b"]
+
+
+class TestAlertmanager:
+    def alertmanager(self, **kw: Any) -> dict[str, Any]:
+        return {"type": "alertmanager", "url": "http://127.0.0.1:9093", "resend_seconds": 60, **kw}
+
+    def test_posts_postable_alerts(self, client: httpx.AsyncClient) -> None:
+        n = Notifier(settings(self.alertmanager()), client, EXTERNAL)
+        (d,) = n.deliveries
+        n.notify(TARGET, [fire()], now=T0 + 5)
+        assert paths(d) == ["/api/v2/alerts"]
+        (body,) = queued(d)
+        assert isinstance(body, list) and len(body) == 1
+        assert list(body[0]) == ["labels", "annotations", "startsAt", "endsAt", "generatorURL"]
+        assert body[0]["startsAt"] == go_time(T0)
+        assert body[0]["endsAt"] == go_time(T0 + 5 + VALID_FOR_RESENDS * 60)
+        assert body[0]["labels"]["alertname"] == "VllmKvPressure"
+
+    def test_resends_all_active_alerts(self, client: httpx.AsyncClient) -> None:
+        """Every resend_seconds, every active alert again; after resolve, no more."""
+        n = Notifier(settings(self.alertmanager()), client, EXTERNAL)
+        (d,) = n.deliveries
+        n.notify(TARGET, [fire("kv_pressure", model="a")], now=T0)
+        n.notify(TARGET, [fire("decode_bound", model="b")], now=T0 + 10)
+        assert len(d._queue) == 2
+        n.tick(T0 + 69)  # 59 s after the last push
+        assert len(d._queue) == 2
+        n.tick(T0 + 70)
+        assert len(d._queue) == 3
+        resend = queued(d)[2]
+        assert sorted(a["labels"]["model_name"] for a in resend) == ["a", "b"]
+        assert all(a["endsAt"] == go_time(T0 + 70 + VALID_FOR_RESENDS * 60) for a in resend)
+
+        n.notify(TARGET, [resolve("kv_pressure", T0 + 100, model="a")], now=T0 + 100)
+        (gone,) = queued(d)[3]
+        assert gone["labels"]["model_name"] == "a"
+        assert gone["endsAt"] == go_time(T0 + 100)
+        n.tick(T0 + 160)
+        (left,) = queued(d)[4]
+        assert left["labels"]["model_name"] == "b"
+
+        n.notify(TARGET, [resolve("decode_bound", T0 + 200, model="b")], now=T0 + 200)
+        count = len(d._queue)
+        for later in (T0 + 260, T0 + 400, T0 + 10_000):
+            n.tick(later)
+        assert len(d._queue) == count == 6
+        assert set(paths(d)) == {"/api/v2/alerts"}
+
+    def test_no_resend_while_nothing_fires(self, client: httpx.AsyncClient) -> None:
+        n = Notifier(settings(self.alertmanager()), client, EXTERNAL)
+        n.tick(T0)
+        n.tick(T0 + 3600)
+        assert len(n.deliveries[0]._queue) == 0
+
+
+class TestSlack:
+    def test_body_is_text_only(self, client: httpx.AsyncClient) -> None:
+        slack = {"type": "slack", "url": "https://hooks.slack.example/services/T/B/x"}
+        n = Notifier(settings(slack), client, EXTERNAL)
+        n.notify(TARGET, [fire()], now=T0)
+        n.notify(TARGET, [resolve()], now=T0 + 300)
+        (d,) = n.deliveries
+        first, second = queued(d)
+        assert list(first) == ["text"] and list(second) == ["text"]
+        assert "FIRING" in first["text"] and "kv_pressure" in first["text"]
+        assert "RESOLVED" in second["text"] and "after 300 s" in second["text"]
+        assert paths(d) == ["", ""]
