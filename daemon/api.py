@@ -33,11 +33,12 @@ def target_json(t: TargetState) -> dict[str, Any]:
         "scrapes": t.scrapes,
         "scrape_failures": dict(t.failures),
         "last_error": t.last_error or None,
-        "last_scrape_at": iso(t.last_scrape_at) if t.last_scrape_at else None,
-        "last_success_at": iso(t.last_success_at) if t.last_success_at else None,
+        "last_scrape_at": None if t.last_scrape_at is None else iso(t.last_scrape_at),
+        "last_success_at": None if t.last_success_at is None else iso(t.last_success_at),
         "ceiling": dataclasses.asdict(t.ceiling) if t.ceiling else None,
         "models": [],
-        "recent_transitions": [transition_dict(tr, target=t.name) for tr in t.recent],
+        # A copy first: the event loop may append while this (HTTP) thread reads.
+        "recent_transitions": [transition_dict(tr, target=t.name) for tr in list(t.recent)],
     }
     view = t.view
     if view is None:

@@ -104,8 +104,12 @@ class Delivery:
         self._idle = asyncio.Event()
         self._idle.set()
         self._busy = False
+        # Jitter up to one initial step spreads the retries of many daemons after a
+        # receiver outage, without stretching a short backoff by tenacity's default 1 s.
         self._wait = wait_exponential_jitter(
-            initial=settings.retry_initial_seconds, max=settings.retry_max_seconds
+            multiplier=settings.retry_initial_seconds,
+            jitter=settings.retry_initial_seconds,
+            max=settings.retry_max_seconds,
         )
 
     @property

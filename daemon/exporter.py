@@ -38,6 +38,27 @@ def _num(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+#: (name, help, the quantile it shows): one gauge per quantile and model.
+_QUANTILES: tuple[tuple[str, str, Callable[[Signals], Quantile | None]], ...] = (
+    ("ttft_p50_seconds", "Time to first token over the window, median.", lambda s: s.ttft_p50),
+    (
+        "ttft_p90_seconds",
+        "Time to first token over the window, 90th percentile.",
+        lambda s: s.ttft_p90,
+    ),
+    (
+        "ttft_p99_seconds",
+        "Time to first token over the window, 99th percentile.",
+        lambda s: s.ttft_p99,
+    ),
+    ("itl_p50_seconds", "Inter-token latency over the window, median.", lambda s: s.itl_p50),
+    (
+        "itl_p99_seconds",
+        "Inter-token latency over the window, 99th percentile.",
+        lambda s: s.itl_p99,
+    ),
+)
+
 #: (name, help, value from the signals and the diagnosis): one gauge per model each.
 _SIGNALS: tuple[tuple[str, str, Callable[[Signals, Diagnosis], float | None]], ...] = (
     ("ttft_mean_seconds", "Mean time to first token over the window.", lambda s, d: s.ttft_mean),
@@ -165,16 +186,12 @@ class TriageCollector(Collector):
         yield from (up, duration, last, scrapes, failures, skipped, problems)
 
     def _signals(self, targets: list[TargetState]) -> Iterator[Metric]:
-        ttft = GaugeMetricFamily(
-            P + "ttft_seconds",
-            "Time to first token over the window, by quantile (histogram_quantile).",
-            labels=(*MODEL, "quantile"),
-        )
-        itl = GaugeMetricFamily(
-            P + "itl_seconds",
-            "Inter-token latency over the window, by quantile (histogram_quantile).",
-            labels=(*MODEL, "quantile"),
-        )
+        # One gauge per quantile, not a ``quantile`` label: Prometheus keeps that label
+        # for summaries (promtool flags it on a gauge).
+        quantiles = [
+            (GaugeMetricFamily(P + name, help_text, labels=MODEL), get)
+            for name, help_text, get in _QUANTILES
+        ]
         families = [GaugeMetricFamily(P + n, h, labels=MODEL) for n, h, _ in _SIGNALS]
         for t in targets:
             if not t.up or t.view is None:
@@ -182,22 +199,15 @@ class TriageCollector(Collector):
             ev = t.view.evaluation
             for model, s in sorted(ev.signals.items()):
                 d = ev.diagnoses[model]
-                for fam, q, qv in (
-                    (ttft, "0.5", s.ttft_p50),
-                    (ttft, "0.9", s.ttft_p90),
-                    (ttft, "0.99", s.ttft_p99),
-                    (itl, "0.5", s.itl_p50),
-                    (itl, "0.99", s.itl_p99),
-                ):
-                    value = _q(qv)
+                for qfam, qget in quantiles:
+                    value = _q(qget(s))
                     if value is not None:
-                        fam.add_metric((t.name, model, q), value)
+                        qfam.add_metric((t.name, model), value)
                 for fam, (_, _, get) in zip(families, _SIGNALS, strict=True):
                     value = get(s, d)
                     if value is not None:
                         fam.add_metric((t.name, model), value)
-        yield ttft
-        yield itl
+        yield from (fam for fam, _ in quantiles)
         yield from families
 
     def _diagnoses(self, targets: list[TargetState]) -> Iterator[Metric]:

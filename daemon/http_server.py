@@ -14,6 +14,7 @@ Anything but GET on a route is 405; unknown paths are 404.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -60,11 +61,12 @@ class Endpoints:
         path = environ.get("PATH_INFO", "/")
         if path not in ROUTES:
             return _reply(start_response, "404 Not Found", b"not found\n")
-        if environ.get("REQUEST_METHOD") != "GET":
+        method = environ.get("REQUEST_METHOD")
+        if method != "GET":
             return _reply(
                 start_response,
                 "405 Method Not Allowed",
-                b"only GET is allowed\n",
+                b"" if method == "HEAD" else b"only GET is allowed\n",  # HEAD has no body
                 extra=[("Allow", "GET")],
             )
         if path == "/metrics":
@@ -76,7 +78,7 @@ class Endpoints:
                 return _reply(start_response, "200 OK", b"ready\n")
             return _reply(start_response, "503 Service Unavailable", b"not ready\n")
         if path == "/api/v1/diagnoses":
-            query = parse_qs(environ.get("QUERY_STRING", ""))
+            query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
             only = query.get("target", [None])[0]
             doc = diagnoses_json(self._targets(), now=self._clock(), only=only)
             body = json.dumps(doc, indent=2, allow_nan=False).encode("utf-8") + b"\n"
@@ -101,6 +103,12 @@ class _Handler(WSGIRequestHandler):
         log.debug("http_request", client=self.client_address[0], line=format % args)
 
 
+class _Server6(ThreadingWSGIServer):
+    """For an IPv6 listen address ("[::]:9468")."""
+
+    address_family = socket.AF_INET6
+
+
 def split_listen(listen: str) -> tuple[str, int]:
     host, _, port = listen.rpartition(":")
     return host.strip("[]") or "0.0.0.0", int(port)
@@ -111,7 +119,8 @@ class HttpServer:
 
     def __init__(self, listen: str, app: Endpoints) -> None:
         host, port = split_listen(listen)
-        self._server = make_server(host, port, app, ThreadingWSGIServer, handler_class=_Handler)
+        server_class = _Server6 if ":" in host else ThreadingWSGIServer
+        self._server = make_server(host, port, app, server_class, handler_class=_Handler)
         self._thread: threading.Thread | None = None
 
     @property

@@ -3,9 +3,12 @@ directory outside the checkout, with a time limit."""
 
 from __future__ import annotations
 
+import selectors
 import shutil
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 # The script pip installed beside this interpreter (a venv), else the one on PATH.
@@ -22,3 +25,17 @@ def vllm_triage(*args: str, cwd: Path, timeout: float = 120.0) -> subprocess.Com
         timeout=timeout,
         check=False,
     )
+
+
+def stderr_lines(proc: subprocess.Popen[str], deadline: float) -> Iterator[str]:
+    """The child's stderr lines as they come, until ``deadline`` (monotonic) or EOF."""
+    assert proc.stderr is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stderr, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
+                return
+            line = proc.stderr.readline()
+            if not line:
+                return
+            yield line

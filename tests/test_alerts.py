@@ -29,8 +29,8 @@ from daemon.alerts import (
     ALERTNAMES,
     GO_ZERO_TIME,
     Alert,
-    firing_alert,
     fingerprint,
+    firing_alert,
     go_time,
     label_set_string,
     postable_alerts,
@@ -76,13 +76,15 @@ def _time(value: str) -> str:
 
 
 class WebhookAlertV4(BaseModel):
+    """One alert of the webhook payload; fields spelled and ordered as Alertmanager's."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
     status: Literal["firing", "resolved"]
     labels: dict[StrictStr, StrictStr]
     annotations: dict[StrictStr, StrictStr]
-    startsAt: StrictStr
-    endsAt: StrictStr
-    generatorURL: StrictStr
+    startsAt: StrictStr  # noqa: N815 - Alertmanager's JSON name
+    endsAt: StrictStr  # noqa: N815 - Alertmanager's JSON name
+    generatorURL: StrictStr  # noqa: N815 - Alertmanager's JSON name
     fingerprint: StrictStr
 
     @model_validator(mode="before")
@@ -107,17 +109,19 @@ class WebhookAlertV4(BaseModel):
 
 
 class AlertmanagerV4(BaseModel):
+    """The webhook payload, version 4 (Alertmanager's ``webhook.Message``)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
     receiver: StrictStr
     status: Literal["firing", "resolved"]
     alerts: list[WebhookAlertV4]
-    groupLabels: dict[StrictStr, StrictStr]
-    commonLabels: dict[StrictStr, StrictStr]
-    commonAnnotations: dict[StrictStr, StrictStr]
-    externalURL: StrictStr
+    groupLabels: dict[StrictStr, StrictStr]  # noqa: N815 - Alertmanager's JSON name
+    commonLabels: dict[StrictStr, StrictStr]  # noqa: N815 - Alertmanager's JSON name
+    commonAnnotations: dict[StrictStr, StrictStr]  # noqa: N815 - Alertmanager's JSON name
+    externalURL: StrictStr  # noqa: N815 - Alertmanager's JSON name
     version: Literal["4"]
-    groupKey: StrictStr
-    truncatedAlerts: StrictInt
+    groupKey: StrictStr  # noqa: N815 - Alertmanager's JSON name
+    truncatedAlerts: StrictInt  # noqa: N815 - Alertmanager's JSON name
 
     @model_validator(mode="before")
     @classmethod

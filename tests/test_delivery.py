@@ -89,9 +89,10 @@ class Receiver:
                     )
                     if receiver.hmac_secret is not None:
                         sent = self.headers.get("X-Vllm-Triage-Signature", "")
-                        want = "sha256=" + hmac.new(
-                            receiver.hmac_secret, body, hashlib.sha256
-                        ).hexdigest()
+                        want = (
+                            "sha256="
+                            + hmac.new(receiver.hmac_secret, body, hashlib.sha256).hexdigest()
+                        )
                         receiver.signature_ok.append(hmac.compare_digest(sent, want))
                 if reply.hang:
                     receiver._release.wait(HANG_S)

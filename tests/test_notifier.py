@@ -34,9 +34,7 @@ def client() -> Iterator[httpx.AsyncClient]:
 
 
 def settings(*receivers: dict[str, Any], severity: str = "page") -> Settings:
-    return load_settings(
-        flags={"receivers": list(receivers), "alerting": {"severity": severity}}
-    )
+    return load_settings(flags={"receivers": list(receivers), "alerting": {"severity": severity}})
 
 
 def webhook(**kw: Any) -> dict[str, Any]:

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import selectors
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from clirun import COMMAND, vllm_triage
+from clirun import COMMAND, stderr_lines, vllm_triage
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.parse import parse_snapshot
@@ -173,20 +171,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def stderr_lines(proc: subprocess.Popen[str], deadline: float) -> Iterator[str]:
-    """The child's stderr lines as they come, until ``deadline`` (monotonic) or EOF."""
-    assert proc.stderr is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stderr, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                return
-            line = proc.stderr.readline()
-            if not line:
-                return
-            yield line
 
 
 def serve(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
