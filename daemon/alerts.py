@@ -66,7 +66,11 @@ def go_time(at: float) -> str:
 
 def label_set_string(labels: Mapping[str, str]) -> str:
     """Alertmanager's ``LabelSet.String()``: ``{a="x", b="y"}``, sorted."""
-    return "{" + ", ".join(f"{k}={json.dumps(labels[k])}" for k in sorted(labels)) + "}"
+    return (
+        "{"
+        + ", ".join(f"{k}={json.dumps(labels[k], ensure_ascii=False)}" for k in sorted(labels))
+        + "}"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +94,9 @@ class Alert:
     def as_webhook(self) -> dict[str, Any]:
         return {
             "status": self.status,
-            "labels": dict(self.labels),
-            "annotations": dict(self.annotations),
+            # Alertmanager (Go's encoding/json) writes map keys sorted.
+            "labels": _sorted(self.labels),
+            "annotations": _sorted(self.annotations),
             "startsAt": go_time(self.starts_at),
             "endsAt": GO_ZERO_TIME if self.ends_at is None else go_time(self.ends_at),
             "generatorURL": self.generator_url,
@@ -153,11 +158,15 @@ def firing_alert(t: Transition, *, target: str, severity: str, external_url: str
     )
 
 
+def _sorted(labels: Mapping[str, str]) -> dict[str, str]:
+    return dict(sorted(labels.items()))
+
+
 def _common(maps: Sequence[Mapping[str, str]]) -> dict[str, str]:
     if not maps:
         return {}
     first = maps[0]
-    return {k: v for k, v in first.items() if all(m.get(k) == v for m in maps[1:])}
+    return _sorted({k: v for k, v in first.items() if all(m.get(k) == v for m in maps[1:])})
 
 
 #: Alertmanager's default route groups by ``alertname``; we group by identity, so that a
@@ -169,7 +178,7 @@ def webhook_payload(receiver: str, alerts: Sequence[Alert], external_url: str) -
     """Alertmanager's webhook body, version 4, for one group of ``alerts``."""
     if not alerts:
         raise ValueError("a notification needs at least one alert")
-    group = {k: alerts[0].labels[k] for k in GROUP_BY if k in alerts[0].labels}
+    group = _sorted({k: alerts[0].labels[k] for k in GROUP_BY if k in alerts[0].labels})
     status = "firing" if any(a.status == "firing" for a in alerts) else "resolved"
     return {
         "receiver": receiver,

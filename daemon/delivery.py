@@ -6,7 +6,8 @@ in the order it happened: a ``resolved`` never overtakes its ``firing``.
 
 A delivery that fails for a reason that may pass (connection refused, a timeout, HTTP
 5xx, 408, 429) is retried with exponential backoff and jitter by tenacity, honouring
-``Retry-After``, for ``retry_for_seconds``; then it is counted in ``failed`` and logged
+``Retry-After`` (up to ``retry_max_seconds``, so one header cannot stall the queue),
+for ``retry_for_seconds``; then it is counted in ``failed`` and logged
 with what was lost. A 4xx other than 408/429 will not pass by retrying (a bad token, a
 payload the receiver refuses) and fails at once, loudly. A full queue drops its oldest
 notification, counted in ``dropped`` and logged.

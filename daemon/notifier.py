@@ -81,7 +81,9 @@ class Notifier:
 
     def _send(self, d: Delivery, alerts: list[Alert], now: float) -> None:
         r: ReceiverSettings = d.settings
-        if not r.send_resolved:
+        # Alertmanager must hear of a resolve whatever send_resolved says (that is its
+        # own receivers' setting): unheard, an alert stays firing there until it expires.
+        if not r.send_resolved and r.type != "alertmanager":
             alerts = [a for a in alerts if a.status == "firing"]
         if not alerts:
             return

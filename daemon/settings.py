@@ -24,7 +24,12 @@ from pydantic import (
     model_validator,
 )
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from daemon.errors import ConfigError
 from daemon.rules import read_bundled, read_file
@@ -294,7 +299,8 @@ def _describe(exc: ValidationError, source: str) -> str:
         secret = _SECRET_KEYS.intersection(str(p) for p in err["loc"]) or (
             err["loc"][:1] == ("receivers",) and "url" in err["loc"]
         )
-        hidden = isinstance(got, dict) or got is None or secret
+        # An unknown key may be a misspelt secret ("bearer-token"): never echo its value.
+        hidden = isinstance(got, dict) or got is None or secret or err["type"] == "extra_forbidden"
         shown = "" if hidden else f" (got {got!r})"
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
         lines.append(f"  {key}: {msg}{shown}")
@@ -319,7 +325,7 @@ def load_settings(
     A relative ``model.config_json`` is resolved against the config file's folder.
     """
     merged: dict[str, Any] = read_bundled("defaults.yaml")
-    source = "rules/defaults.yaml"
+    source = "rules/defaults.yaml and VLLM_TRIAGE_* variables"
     if config is not None:
         user = read_file(config)
         if user is None:
@@ -345,5 +351,9 @@ def load_settings(
         return Settings(**merged)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, source)) from None
+    except SettingsError as exc:
+        # A VLLM_TRIAGE_* variable that is not valid JSON for a list or mapping; the
+        # message names the field, not the value.
+        raise ConfigError(f"invalid settings ({source}): {exc}") from None
     finally:
         _flags.reset(token)

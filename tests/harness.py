@@ -62,9 +62,7 @@ def running_daemon(
     daemon = Daemon(settings, clock=clock)
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
-    thread = threading.Thread(
-        target=loop.run_until_complete, args=(daemon.run(stop),), daemon=True
-    )
+    thread = threading.Thread(target=loop.run_until_complete, args=(daemon.run(stop),), daemon=True)
     thread.start()
     try:
         wait_for(lambda: daemon.ready, timeout=10)

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 from clirun import vllm_triage
-
 from conftest import SEED_CEILINGS
 from localserver import serving
 
@@ -71,6 +70,7 @@ class TestDemo:
         """The demo's queue scenario fires queue_bound, as JSON lines."""
         result = vllm_triage(
             "demo",
+            "--offline",
             "--scenario",
             "queue_bound",
             "--duration",
@@ -84,10 +84,29 @@ class TestDemo:
         assert events[0]["diagnosis"] == "queue_bound"
         assert events[0]["target"] == "simulated/queue_bound"
 
+    def test_live_demo_runs_the_tour_through_the_daemon(self, tmp_path: Path) -> None:
+        """The README's first command (faster): the tour's four causes and the decode-ceiling
+        server arrive at the local receiver as alerts; the derived /metrics URL is printed."""
+        result = vllm_triage("demo", "--speed", "40", "--listen", "127.0.0.1:0", cwd=tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        out = result.stdout
+        assert "derived metrics: http://127.0.0.1:" in out and "/metrics" in out
+        assert "tour: ok: every cause fired" in out
+        assert "decode_bound: ok: first diagnosis decode_bound" in out
+        assert ", 0 failed." in out
+        for cause in ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure"):
+            assert f"FIRING    {cause}" in out
+
+    def test_offline_only_options_need_offline(self, tmp_path: Path) -> None:
+        result = vllm_triage("demo", "--record", "rec", cwd=tmp_path)
+        assert result.returncode == 2
+        assert "need --offline" in result.stderr
+
     def test_demo_records_for_replay(self, tmp_path: Path) -> None:
         """`demo --record DIR` writes a recording that `replay` diagnoses the same way."""
         demo = vllm_triage(
             "demo",
+            "--offline",
             "--scenario",
             "kv_pressure",
             "--duration",

@@ -12,14 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from harness import Receiver, metrics_url, running_daemon, simulated, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.live_demo import demo_settings, scaled_clock
 from daemon.settings import load_settings
 from daemon.simulator import get_scenario
 
+from harness import Receiver, metrics_url, running_daemon, simulated, wait_for
+
 CAUSES = ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure")
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 FIXTURES = Path(__file__).parent / "fixtures" / "alertmanager"
 
 
@@ -95,7 +97,10 @@ class TestTheWholePipeline:
                 ratio = samples(text, "vllm_triage_decode_ceiling_ratio")
                 rate = samples(text, "vllm_triage_decode_tokens_per_second")
                 ceiling = samples(text, "vllm_triage_decode_ceiling_tokens_per_second")
-                key = (("model_name", "meta-llama/Llama-3.1-8B-Instruct"), ("target", "decode_bound"))
+                key = (
+                    ("model_name", "meta-llama/Llama-3.1-8B-Instruct"),
+                    ("target", "decode_bound"),
+                )
                 assert 0.8 < ratio[key] <= 1.05, ratio
                 assert abs(ratio[key] - rate[key] / ceiling[key]) < 1e-3
                 states = samples(text, "vllm_triage_diagnosis")

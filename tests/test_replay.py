@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-from clirun import vllm_triage
 
 from daemon.errors import RecordingError
 from daemon.evaluate import Evaluation
@@ -19,6 +18,8 @@ from daemon.replay import Skipped, recording_files, replay
 from daemon.rulebook import build_evaluator
 from daemon.settings import load_settings
 from daemon.simulator import record
+
+from clirun import vllm_triage
 
 START = 1_767_225_600.0
 REQUIRED = {

@@ -7,6 +7,7 @@ scenario simulates fails here (and the recordings every other test makes stay th
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -147,8 +148,10 @@ class TestBundled:
         loaded, expected = get_scenario(name), EXPECTED[name]
         assert (loaded.name, loaded.model_name) == (expected.name, expected.model_name)
         assert loaded.spec == expected.spec
-        assert loaded.phases == expected.phases
-        assert loaded == expected
+        # Labels only describe a phase (the live demo prints them); the rest must match.
+        unlabelled = tuple(dataclasses.replace(p, label="") for p in loaded.phases)
+        assert unlabelled == expected.phases
+        assert dataclasses.replace(loaded, phases=unlabelled) == expected
         assert SCENARIOS[name] is loaded  # loaded once
 
     def test_llama_8b_builds_the_same_server(self) -> None:

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from clirun import COMMAND, stderr_lines, vllm_triage
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.parse import parse_snapshot
 from daemon.simulator import get_scenario
 from daemon.simulator.serve import CONTENT_TYPE, LiveSimulation
+
+from clirun import COMMAND, stderr_lines, vllm_triage
 
 START_MS = 1_767_225_600_000  # the default --start, 2026-01-01T00:00:00Z
 CAUSES = ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure")

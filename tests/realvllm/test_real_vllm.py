@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clirun import COMMAND
 from realvllm import loadgen
 from realvllm.server import Server, ServerFlags, running_vllm, vllm_python, wait_idle
 from realvllm.trim import save_trimmed
@@ -31,6 +30,8 @@ from daemon.evaluate import Evaluation
 from daemon.replay import replay
 from daemon.rulebook import build_evaluator
 from daemon.settings import load_settings
+
+from clirun import COMMAND
 
 pytestmark = pytest.mark.vllm
 
