@@ -306,14 +306,19 @@ def _run_check_config(args: argparse.Namespace) -> int:
     from daemon.settings import load_settings
 
     settings = load_settings(args.config)
-    rulebook = build_rulebook(settings)  # resolves the GPU and reads config.json too
-    print(settings.model_dump_json(indent=2))
-    if rulebook.ceiling is not None:
+    # Building the rulebooks resolves each GPU name and reads each config.json too.
+    rulebooks = [("default", build_rulebook(settings))] + [
+        (f"target {t.name}", build_rulebook(settings.for_target(t))) for t in settings.targets
+    ]
+    print(settings.model_dump_json(indent=2))  # secrets print as **********
+    for who, rulebook in rulebooks:
         c = rulebook.ceiling
-        print(
-            f"decode ceiling: {c.tokens_per_second:.1f} tok/s per stream on {c.gpu}",
-            file=sys.stderr,
+        line = (
+            "unknown (set hardware and model)"
+            if c is None
+            else (f"{c.tokens_per_second:.1f} tok/s per stream on {c.gpu}")
         )
+        print(f"decode ceiling, {who}: {line}", file=sys.stderr)
     return 0
 
 

@@ -17,7 +17,7 @@ class TestHelp:
         """--help explains the tool and names every subcommand."""
         result = vllm_triage("--help", cwd=tmp_path)
         assert result.returncode == 0
-        for command in ("demo", "record", "replay", "ceiling", "check-config"):
+        for command in ("demo", "run", "check", "record", "replay", "ceiling", "check-config"):
             assert command in result.stdout
         assert "VLLM_TRIAGE_" in result.stdout
 
@@ -172,6 +172,29 @@ class TestCheckConfig:
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout)["hardware"]["gpu"] == "h100"
         assert "209.4 tok/s per stream on NVIDIA H100 SXM" in result.stderr
+
+    def test_the_example_daemon_config_is_valid(self, tmp_path: Path) -> None:
+        """deploy/triage.example.yaml loads, and each target gets its own ceiling."""
+        example = Path(__file__).parent.parent / "deploy" / "triage.example.yaml"
+        result = vllm_triage("check-config", "--config", str(example), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        settings = json.loads(result.stdout)
+        assert [t["name"] for t in settings["targets"]] == ["llama-8b", "qwen-32b"]
+        assert settings["receivers"][0]["type"] == "alertmanager_webhook"
+        assert "target qwen-32b: 62.2 tok/s per stream on 2x NVIDIA A100 80GB SXM" in result.stderr
+
+    def test_secrets_print_masked(self, tmp_path: Path) -> None:
+        cfg = tmp_path / "t.yaml"
+        cfg.write_text(
+            "targets: [{name: a, url: 'http://127.0.0.1:1/metrics', bearer_token: tok-123}]\n"
+            "receivers: [{type: slack, url: 'https://hooks.example/T/B/sekrit',"
+            " hmac_secret: hm-456}]\n"
+        )
+        result = vllm_triage("check-config", "--config", str(cfg), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        for secret in ("tok-123", "sekrit", "hm-456"):
+            assert secret not in result.stdout + result.stderr
+        assert "**********" in result.stdout
 
     def test_unknown_gpu(self, tmp_path: Path) -> None:
         """An unknown GPU name is a configuration error listing the known ones."""
