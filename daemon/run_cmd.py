@@ -94,10 +94,11 @@ def run(args: argparse.Namespace) -> int:
     from daemon.settings import load_settings
 
     settings = load_settings(args.config, flags(args))
-    if not settings.targets:
+    if not settings.targets and settings.source == "scrape":
         raise ConfigError(
             "no targets: give --target URL, or `targets:` in the --config file "
-            "(e.g. targets: [{name: vllm, url: http://127.0.0.1:8000/metrics}])"
+            "(e.g. targets: [{name: vllm, url: http://127.0.0.1:8000/metrics}]), or "
+            "`source: prometheus` with a `prometheus: {url: ...}` section (fleet mode)"
         )
     try:
         daemon = Daemon(settings)

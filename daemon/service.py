@@ -31,6 +31,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from daemon import __version__
 from daemon.exporter import build_registry
+from daemon.fleet import PrometheusSource
 from daemon.http_server import Endpoints, HttpServer
 from daemon.notifier import Notifier
 from daemon.settings import Settings
@@ -62,10 +63,9 @@ class Daemon:
         self._client = httpx.AsyncClient(
             follow_redirects=True, limits=httpx.Limits(max_connections=None)
         )
-        self._targets: list[TargetState] = []
         endpoints = Endpoints(
-            build_registry(lambda: self._targets, lambda: self.notifier.deliveries),
-            lambda: self._targets,
+            build_registry(self.target_states, lambda: self.notifier.deliveries),
+            self.target_states,
             lambda: self.ready,
             clock,
         )
@@ -75,7 +75,17 @@ class Daemon:
             TargetWatcher(t, settings, client=self._client, notifier=self.notifier, clock=clock)
             for t in settings.targets
         ]
-        self._targets = [w.state for w in self.watchers]
+        self.fleet: PrometheusSource | None = None
+        if settings.source == "prometheus":
+            self.fleet = PrometheusSource(
+                settings, client=self._client, notifier=self.notifier, clock=clock
+            )
+
+    def target_states(self) -> list[TargetState]:
+        """Every target's state now (in fleet mode the list grows as servers appear)."""
+        if self.fleet is not None:
+            return self.fleet.states()
+        return [w.state for w in self.watchers]
 
     @property
     def address(self) -> tuple[str, int]:
@@ -88,7 +98,8 @@ class Daemon:
         return f"http://{host}:{port}"
 
     def _on_skipped(self, event: JobEvent) -> None:
-        for w in self.watchers:
+        watchers = list(self.watchers) + ([self.fleet.api] if self.fleet is not None else [])
+        for w in watchers:
             if event.job_id == f"scrape:{w.state.name}":
                 w.state.skipped_ticks += 1
                 log.warning("scrape_skipped", target=w.state.name, why="previous still running")
@@ -117,6 +128,17 @@ class Daemon:
                 misfire_grace_time=max(1, int(s.interval_seconds)),
                 next_run_time=now + timedelta(seconds=s.interval_seconds * i / n),
             )
+        if self.fleet is not None:
+            scheduler.add_job(
+                self.fleet.tick,
+                "interval",
+                seconds=s.interval_seconds,
+                id="scrape:prometheus",
+                max_instances=1,
+                coalesce=True,
+                misfire_grace_time=max(1, int(s.interval_seconds)),
+                next_run_time=now,
+            )
         scheduler.add_job(
             lambda: self.notifier.tick(self.clock()),
             "interval",
@@ -134,6 +156,7 @@ class Daemon:
             version=__version__,
             listen=f"{self.address[0]}:{self.address[1]}",
             targets=[w.state.name for w in self.watchers],
+            source=s.source,
             receivers=[d.name for d in self.notifier.deliveries],
             interval_s=s.interval_seconds,
         )
@@ -150,7 +173,12 @@ class Daemon:
         self.ready = False
         log.info("stopping", grace_s=self.settings.shutdown_grace_seconds)
         scheduler.shutdown(wait=False)
-        while any(w.in_flight for w in self.watchers) and time.monotonic() < deadline:
+
+        def busy() -> bool:
+            fleet = self.fleet is not None and self.fleet.in_flight
+            return fleet or any(w.in_flight for w in self.watchers)
+
+        while busy() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         pending = sum(d.pending for d in self.notifier.deliveries)
         if pending:

@@ -145,6 +145,20 @@ class TargetSettings(HttpAuth):
     model: ModelSettings | None = None
 
 
+class PrometheusSourceSettings(HttpAuth):
+    """Fleet mode: where to read vLLM's series from, instead of scraping each server.
+
+    Any Prometheus-compatible query API (Prometheus, Thanos, Mimir, VictoriaMetrics).
+    ``selector`` narrows the series (PromQL label matchers, e.g. ``{namespace="llm"}``);
+    each distinct combination of ``identity_labels`` is one server (a target).
+    """
+
+    url: HttpUrl
+    selector: str = Field(default="", pattern=r"^\s*(\{.*\})?\s*$")
+    identity_labels: list[str] = Field(default=["job", "instance"], min_length=1)
+    timeout_seconds: float = Field(default=10, gt=0)
+
+
 ReceiverType = Literal["alertmanager_webhook", "alertmanager", "slack"]
 
 
@@ -214,9 +228,25 @@ class Settings(BaseSettings):
     scrape_timeout_seconds: float | None = Field(default=None, gt=0)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     shutdown_grace_seconds: float = Field(default=10.0, gt=0)
+    #: ``scrape``: each of ``targets``; ``prometheus``: every vLLM server that the
+    #: ``prometheus`` section's query API knows (fleet mode).
+    source: Literal["scrape", "prometheus"] = "scrape"
+    prometheus: PrometheusSourceSettings | None = None
     targets: list[TargetSettings] = Field(default_factory=list)
     receivers: list[ReceiverSettings] = Field(default_factory=list)
     alerting: AlertingSettings = AlertingSettings()
+
+    @model_validator(mode="after")
+    def _source(self) -> Settings:
+        if self.source == "prometheus":
+            if self.prometheus is None:
+                raise ValueError("source: prometheus needs a `prometheus:` section with its url")
+            if self.targets:
+                raise ValueError(
+                    "source: prometheus discovers its targets; remove `targets` (or use "
+                    "source: scrape)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _unique_names(self) -> Settings:

@@ -23,7 +23,7 @@ from daemon.errors import ParseError, ScrapeError
 from daemon.evaluate import Evaluation
 from daemon.httpauth import auth_headers
 from daemon.incidents import Active, State
-from daemon.model import Cause, Transition
+from daemon.model import Cause, Snapshot, Transition
 from daemon.notifier import Notifier
 from daemon.parse import SnapshotParser
 from daemon.rulebook import build_evaluator, build_rulebook
@@ -130,6 +130,13 @@ class TargetWatcher:
             st.last_scrape_at = at
             st.last_duration_s = time.monotonic() - started
             self.in_flight = False
+        self.consume(snapshot)
+
+    def consume(self, snapshot: Snapshot) -> None:
+        """A snapshot that arrived (scraped here, or read from Prometheus in fleet mode):
+        evaluate it, publish the result, hand the transitions to the notifier."""
+        st = self.state
+        at = snapshot.at
         self._recovered()
         st.up, st.last_success_at = True, at
         evaluation = self.evaluator.step(snapshot)
@@ -167,6 +174,10 @@ class TargetWatcher:
             lasted_s=round(t.at - t.started_at, 1) if t.event == "resolved" else None,
             evidence=dict(d.evidence) if t.event == "firing" else None,
         )
+
+    def failed(self, reason: str, message: str) -> None:
+        """A tick that gave nothing to evaluate: counted by reason, logged rate-limited."""
+        self._failed(reason, message)
 
     def _failed(self, reason: str, message: str) -> None:
         st = self.state

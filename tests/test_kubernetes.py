@@ -1,0 +1,339 @@
+"""deploy/kubernetes/: the manifests parse, validate, and agree with the code and the image.
+
+The core objects (ConfigMap, Deployment, Service) are validated against Kubernetes 1.31's
+OpenAPI schemas by kubernetes-validate (strict: unknown fields are errors). It has no
+schemas for the Prometheus Operator's CRDs: on a PodMonitor or PrometheusRule it only
+warns "Couldn't find schema" and exits 0, so those two are checked here by structure, and
+the PrometheusRule's groups with promtool (`pytest -m prometheus`).
+
+No cluster runs where this project is built; these checks keep the files true to the
+repository instead: the sidecar's port, config path and user are the daemon's and the
+image's, its probes are its own endpoints, and the rules are the rules file's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from daemon.http_server import split_listen
+from daemon.settings import load_settings
+
+import k8s_rules
+
+ROOT = Path(__file__).resolve().parent.parent
+KDIR = ROOT / "deploy" / "kubernetes"
+DOCKERFILE = ROOT / "Dockerfile"
+KUBERNETES_VERSION = "1.31.0"
+CORE = ("configmap.yaml", "deployment.yaml", "service.yaml")
+LABEL = {"app.kubernetes.io/name": "vllm"}
+MANIFESTS = sorted(p.name for p in KDIR.glob("*.yaml"))
+
+
+def docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((KDIR / name).read_text(encoding="utf-8")) if d]
+
+
+def one(name: str, kind: str) -> dict[str, Any]:
+    found = [d for d in docs(name) if d.get("kind") == kind]
+    assert len(found) == 1, f"{name}: expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def pod_spec() -> dict[str, Any]:
+    spec: dict[str, Any] = one("deployment.yaml", "Deployment")["spec"]["template"]["spec"]
+    return spec
+
+
+def container(name: str, section: str = "containers") -> dict[str, Any]:
+    found: list[dict[str, Any]] = [c for c in pod_spec().get(section, []) if c["name"] == name]
+    assert len(found) == 1, f"no {section} entry named {name!r}"
+    return found[0]
+
+
+def sidecar() -> dict[str, Any]:
+    return container("vllm-triage", "initContainers")
+
+
+def named_ports() -> dict[str, int]:
+    """Every named container port of the pod (containers and init containers)."""
+    spec = pod_spec()
+    out: dict[str, int] = {}
+    for c in [*spec.get("initContainers", []), *spec["containers"]]:
+        for p in c.get("ports", []):
+            assert p["name"] not in out, f"port name {p['name']!r} used twice"
+            out[p["name"]] = p["containerPort"]
+    return out
+
+
+def dockerfile_cmd() -> list[str]:
+    """The final CMD of the Dockerfile, in exec form."""
+    cmds = [
+        line.partition(" ")[2]
+        for line in DOCKERFILE.read_text(encoding="utf-8").splitlines()
+        if line.startswith("CMD ")
+    ]
+    assert cmds, "Dockerfile has no CMD"
+    cmd: list[str] = json.loads(cmds[-1])
+    return cmd
+
+
+def triage_yaml() -> str:
+    text: str = one("configmap.yaml", "ConfigMap")["data"]["triage.yaml"]
+    return text
+
+
+def kubernetes_validate() -> str:
+    sibling = Path(sys.executable).parent / "kubernetes-validate"
+    found = str(sibling) if sibling.exists() else shutil.which("kubernetes-validate")
+    if found is None:
+        pytest.fail("kubernetes-validate not found: pip install kubernetes-validate (test extras)")
+    return found
+
+
+class TestFiles:
+    @pytest.mark.parametrize("name", MANIFESTS)
+    def test_parses(self, name: str) -> None:
+        found = docs(name)
+        assert found, f"{name} is empty"
+        for doc in found:
+            assert {"apiVersion", "kind"} <= doc.keys(), name
+
+    def test_kustomization_lists_every_manifest(self) -> None:
+        kust = one("kustomization.yaml", "Kustomization")
+        listed = kust["resources"]
+        assert len(listed) == len(set(listed)), listed
+        assert sorted(listed) == sorted(set(MANIFESTS) - {"kustomization.yaml"})
+
+    def test_kustomization_is_namespace_agnostic_with_the_common_label(self) -> None:
+        kust = one("kustomization.yaml", "Kustomization")
+        assert "namespace" not in kust
+        assert [entry["pairs"] for entry in kust["labels"]] == [LABEL]
+        for name in MANIFESTS:
+            for doc in docs(name):
+                assert "namespace" not in doc.get("metadata", {}), name
+                if doc["kind"] != "Kustomization":
+                    assert doc["metadata"]["labels"].items() >= LABEL.items(), name
+
+
+class TestValidate:
+    def test_core_objects_pass_kubernetes_validate(self) -> None:
+        result = subprocess.run(
+            [
+                kubernetes_validate(),
+                "--strict",
+                "-k",
+                KUBERNETES_VERSION,
+                *(str(KDIR / name) for name in CORE),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        out = result.stdout + result.stderr
+        assert result.returncode == 0, out
+        # Each resource was checked against a schema, not skipped for want of one.
+        assert out.count("passed for resource") == len(CORE), out
+
+    def test_podmonitor(self) -> None:
+        pm = one("podmonitor.yaml", "PodMonitor")
+        assert pm["apiVersion"] == "monitoring.coreos.com/v1"
+        assert pm["metadata"]["name"]
+        spec = pm["spec"]
+        template = one("deployment.yaml", "Deployment")["spec"]["template"]
+        assert spec["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+        assert set(spec["selector"]) == {"matchLabels"}
+        ports = named_ports()
+        endpoints = spec["podMetricsEndpoints"]
+        assert {e["port"] for e in endpoints} == {"http", "triage-metrics"}
+        for e in endpoints:
+            assert e["port"] in ports, e
+            assert e["path"] == "/metrics"
+            assert e["interval"] == "15s"
+
+    def test_prometheusrule_shape(self) -> None:
+        pr = one("prometheusrule.yaml", "PrometheusRule")
+        assert pr["apiVersion"] == "monitoring.coreos.com/v1"
+        assert pr["metadata"]["name"] == "vllm-triage"
+        assert set(pr["spec"]) == {"groups"}
+
+    def test_prometheusrule_groups_are_the_rules_files(self) -> None:
+        pr = one("prometheusrule.yaml", "PrometheusRule")
+        rules = yaml.safe_load(k8s_rules.RULES.read_text(encoding="utf-8"))
+        assert pr["spec"]["groups"] == rules["groups"]
+
+    def test_prometheusrule_is_what_k8s_rules_writes(self) -> None:
+        """`python tests/k8s_rules.py` regenerates it byte for byte."""
+        assert k8s_rules.MANIFEST == KDIR / "prometheusrule.yaml"
+        assert k8s_rules.MANIFEST.read_text(encoding="utf-8") == k8s_rules.render()
+
+    def test_render_refuses_rules_without_groups(self) -> None:
+        with pytest.raises(ValueError, match="groups"):
+            k8s_rules.render("rule_files: []\n")
+
+    @pytest.mark.prometheus
+    def test_prometheusrule_groups_pass_promtool(self, tmp_path: Path) -> None:
+        binary = shutil.which("promtool")
+        if binary is None:
+            pytest.fail("promtool not found: install Debian's prometheus package")
+        pr = one("prometheusrule.yaml", "PrometheusRule")
+        rules = tmp_path / "prometheusrule.rules.yaml"
+        rules.write_text(yaml.safe_dump({"groups": pr["spec"]["groups"]}), encoding="utf-8")
+        result = subprocess.run(
+            [binary, "check", "rules", str(rules)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        count = sum(len(g["rules"]) for g in pr["spec"]["groups"])
+        assert f"SUCCESS: {count} rules found" in result.stdout
+
+
+class TestSidecar:
+    def test_is_native(self) -> None:
+        """An init container that restarts: a sidecar for the pod's life (Kubernetes 1.29+)."""
+        c = sidecar()
+        assert c["restartPolicy"] == "Always"
+        assert all(x["name"] != "vllm-triage" for x in pod_spec()["containers"])
+        # No startupProbe: the kubelet starts vLLM as soon as the sidecar runs.
+        assert "startupProbe" not in c
+
+    def test_probes_hit_its_own_endpoints(self) -> None:
+        c = sidecar()
+        own = {p["name"] for p in c["ports"]} | {p["containerPort"] for p in c["ports"]}
+        vllm_ports = {p["name"] for p in container("vllm")["ports"]} | {
+            p["containerPort"] for p in container("vllm")["ports"]
+        }
+        for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+            get = c[probe]["httpGet"]
+            assert get["path"] == path, probe
+            assert get["port"] in own, probe
+            assert get["port"] not in vllm_ports, probe
+
+    def test_port_is_the_daemons_default_listen_port(self) -> None:
+        _, default_port = split_listen(load_settings().listen)
+        assert named_ports()["triage-metrics"] == default_port
+        listen = yaml.safe_load(triage_yaml())["listen"]
+        assert split_listen(listen)[1] == default_port
+
+    def test_security_context(self) -> None:
+        sc = sidecar()["securityContext"]
+        assert sc["runAsNonRoot"] is True
+        assert sc["runAsUser"] == 65532
+        assert sc["runAsGroup"] == 65532
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert "add" not in sc["capabilities"]
+        assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+        # The image's own numeric user.
+        user = re.search(r"^USER (\d+):(\d+)$", DOCKERFILE.read_text(encoding="utf-8"), re.M)
+        assert user is not None
+        assert (sc["runAsUser"], sc["runAsGroup"]) == (int(user[1]), int(user[2]))
+
+    def test_resources_cover_what_was_measured(self) -> None:
+        """The memory request covers the measured resident set of one daemon with one
+        target (52 MB, see the manifest's comment), and the limit leaves headroom."""
+
+        def mib(quantity: str) -> float:
+            assert quantity.endswith("Mi"), quantity
+            return float(quantity[:-2])
+
+        res = sidecar()["resources"]
+        measured_mib = 52e6 / 2**20
+        assert mib(res["requests"]["memory"]) >= measured_mib
+        assert mib(res["limits"]["memory"]) >= 2 * measured_mib
+        assert res["requests"]["cpu"].endswith("m") and res["limits"]["cpu"].endswith("m")
+        assert int(res["limits"]["cpu"][:-1]) > int(res["requests"]["cpu"][:-1])
+
+    def test_config_mount_matches_the_images_cmd(self) -> None:
+        cmd = dockerfile_cmd()
+        config_path = Path(cmd[cmd.index("--config") + 1])
+        assert str(config_path) == "/etc/vllm-triage/triage.yaml"
+        c = sidecar()
+        assert c["args"] == cmd
+        mounts = [m for m in c["volumeMounts"] if m["mountPath"] == str(config_path.parent)]
+        assert len(mounts) == 1
+        assert mounts[0]["readOnly"] is True
+        volume = next(v for v in pod_spec()["volumes"] if v["name"] == mounts[0]["name"])
+        configmap = one("configmap.yaml", "ConfigMap")
+        assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+        assert config_path.name in configmap["data"]
+
+    def test_grace_period_covers_the_shutdown_grace(self) -> None:
+        grace = load_settings().shutdown_grace_seconds
+        assert pod_spec()["terminationGracePeriodSeconds"] >= grace + 10
+
+
+class TestConfigMap:
+    def test_loads_with_the_daemons_settings(self, tmp_path: Path) -> None:
+        path = tmp_path / "triage.yaml"
+        path.write_text(triage_yaml(), encoding="utf-8")
+        settings = load_settings(path)
+        assert [t.url for t in settings.targets] == ["http://127.0.0.1:8000/metrics"]
+        assert settings.interval_seconds == 5
+        assert settings.receivers == []
+
+    def test_target_is_the_vllm_containers_port(self) -> None:
+        url = yaml.safe_load(triage_yaml())["targets"][0]["url"]
+        assert url == f"http://127.0.0.1:{named_ports()['http']}/metrics"
+        args = container("vllm")["args"]
+        assert args[args.index("--port") + 1] == str(named_ports()["http"])
+
+    def test_the_commented_receiver_is_valid(self, tmp_path: Path) -> None:
+        """Uncommenting the Alertmanager example gives valid settings."""
+        text = re.sub(r"^# (receivers:|  )", r"\1", triage_yaml(), flags=re.M)
+        path = tmp_path / "triage.yaml"
+        path.write_text(text, encoding="utf-8")
+        (receiver,) = load_settings(path).receivers
+        assert receiver.type == "alertmanager"
+        assert receiver.url.get_secret_value() == "http://alertmanager-operated.monitoring:9093"
+
+
+class TestWorkloadAndService:
+    def test_vllm_container(self) -> None:
+        c = container("vllm")
+        assert c["image"] == "vllm/vllm-openai:v0.11.0"
+        assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+        startup = c["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+        shm = next(m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm")
+        volume = next(v for v in pod_spec()["volumes"] if v["name"] == shm["name"])
+        assert volume["emptyDir"]["medium"] == "Memory"
+
+    def test_no_service_links(self) -> None:
+        """A Service named `vllm` would inject VLLM_PORT=tcp://..., which vLLM reads as
+        its own setting and refuses."""
+        assert pod_spec()["enableServiceLinks"] is False
+
+    def test_selectors_match_the_pod(self) -> None:
+        deployment = one("deployment.yaml", "Deployment")
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        service = one("service.yaml", "Service")
+        assert service["spec"]["selector"].items() <= labels.items()
+
+    def test_service_ports(self) -> None:
+        ports = {p["name"]: p for p in one("service.yaml", "Service")["spec"]["ports"]}
+        assert set(ports) == {"http", "triage-metrics"}
+        assert ports["http"]["port"] == 8000
+        assert ports["triage-metrics"]["port"] == 9468
+        named = named_ports()
+        for name, p in ports.items():
+            target = p["targetPort"]
+            assert named[name] == (named[target] if isinstance(target, str) else target)
+        # Before Kubernetes 1.32, Service endpoints do not resolve a sidecar's named port.
+        assert isinstance(ports["triage-metrics"]["targetPort"], int)
