@@ -177,9 +177,7 @@ class PrometheusSource:
             self.api.failed(exc.reason, str(exc))
             return
         finally:
-            api.scrapes += 1
-            api.last_scrape_at = now
-            api.last_duration_s = time.monotonic() - started
+            api.attempted(now, time.monotonic() - started)
             self.in_flight = False
         api.up, api.last_success_at = True, now
         self._last = end
@@ -190,11 +188,10 @@ class PrometheusSource:
         for name, steps in sorted(grouped.items()):
             watcher = self._watcher(name)
             for at in sorted(steps):
+                watcher.state.attempted(at)
                 try:
                     snapshot = watcher.parser.parse(exposition(steps[at]), at)
                 except ParseError as exc:
                     watcher.failed("parse", f"unusable series from the query API: {exc}")
                     continue
-                watcher.state.scrapes += 1
-                watcher.state.last_scrape_at = at
                 watcher.consume(snapshot)

@@ -77,6 +77,13 @@ class TargetState:
     transitions: int = 0
     recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))
 
+    def attempted(self, at: float, duration_s: float | None = None) -> None:
+        """Count one scrape (or fleet step) taken at ``at``, whatever came of it."""
+        self.scrapes += 1
+        self.last_scrape_at = at
+        if duration_s is not None:
+            self.last_duration_s = duration_s
+
 
 class TargetWatcher:
     def __init__(
@@ -126,9 +133,7 @@ class TargetWatcher:
             self._failed("parse", f"unreadable /metrics: {exc}")
             return
         finally:
-            st.scrapes += 1
-            st.last_scrape_at = at
-            st.last_duration_s = time.monotonic() - started
+            st.attempted(at, time.monotonic() - started)
             self.in_flight = False
         self.consume(snapshot)
 
