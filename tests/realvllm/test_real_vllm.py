@@ -97,7 +97,10 @@ def induce(server: Server, mode: str, out: Path) -> Path:
     saved = os.environ.get("VLLM_TRIAGE_SAVE_RECORDINGS")
     if saved:
         save_trimmed(rec, Path(saved) / mode, server.flags)
-    assert ok > 0 and failed == 0, f"{mode}: {ok} ok, {failed} failed: {dict(errors)}"
+    # The load must have been delivered: nearly every request answered. One dropped
+    # connection in a few hundred (seen once in CI: a ReadError on a 2-core machine
+    # running vLLM, the recorder and the load together) does not change the load.
+    assert ok > 0 and failed <= ok // 50, f"{mode}: {ok} ok, {failed} failed: {dict(errors)}"
     return rec
 
 
