@@ -52,6 +52,7 @@ class Evaluator:
             d = diagnose(s, self.rulebook)
             signals[model], diagnoses[model] = s, d
             transitions.extend(self.incidents.observe(d))
+        self.incidents.forget_clear(set(diagnoses))
         return Evaluation(
             at=snapshot.at,
             accepted=True,

@@ -172,8 +172,15 @@ class TriageCollector(Collector):
             "Series present in a scrape but unusable (NaN, broken histogram), left out.",
             labels=("target",),
         )
+        dropped = CounterMetricFamily(
+            P + "models_dropped",
+            "model_name values left out because the target exposed more than "
+            "max_models_per_target.",
+            labels=("target",),
+        )
         for t in targets:
             up.add_metric((t.name,), 1.0 if t.up else 0.0)
+            dropped.add_metric((t.name,), t.models_dropped)
             scrapes.add_metric((t.name,), t.scrapes)
             skipped.add_metric((t.name,), t.skipped_ticks)
             problems.add_metric((t.name,), t.series_problems)
@@ -183,7 +190,7 @@ class TriageCollector(Collector):
                 last.add_metric((t.name,), t.last_success_at)
             for reason, n in sorted(t.failures.items()):
                 failures.add_metric((t.name, reason), n)
-        yield from (up, duration, last, scrapes, failures, skipped, problems)
+        yield from (up, duration, last, scrapes, failures, skipped, problems, dropped)
 
     def _signals(self, targets: list[TargetState]) -> Iterator[Metric]:
         # One gauge per quantile, not a ``quantile`` label: Prometheus keeps that label

@@ -71,6 +71,13 @@ class IncidentTracker:
             if t.cause is not None and t.state in (State.FIRING, State.RESOLVING)
         ]
 
+    def forget_clear(self, keep: set[str]) -> None:
+        """Drop the tracks of models not in ``keep`` that have nothing open: a model that
+        is gone must not cost memory for ever. An open incident stays until it resolves."""
+        for model in [m for m, t in self._tracks.items() if m not in keep]:
+            if self._tracks[model].state is State.CLEAR:
+                del self._tracks[model]
+
     def observe(self, d: Diagnosis) -> list[Transition]:
         """Feed one evaluation; returns the transitions it caused (often none)."""
         track = self._tracks.setdefault(d.model_name, _Track())

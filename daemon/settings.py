@@ -227,6 +227,10 @@ class Settings(BaseSettings):
     #: Default: 80 % of the interval, at most 10 s, so one scrape ends before the next.
     scrape_timeout_seconds: float | None = Field(default=None, gt=0)
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    #: A target exposing more model_name values than this (a misbehaving exporter, a
+    #: label used for request ids) keeps its first ones; the rest are counted in
+    #: vllm_triage_models_dropped_total and logged, so memory and /metrics stay bounded.
+    max_models_per_target: int = Field(default=100, ge=1)
     shutdown_grace_seconds: float = Field(default=10.0, gt=0)
     #: ``scrape``: each of ``targets``; ``prometheus``: every vLLM server that the
     #: ``prometheus`` section's query API knows (fleet mode).

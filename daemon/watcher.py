@@ -9,6 +9,7 @@ it without a lock: swapping one reference is atomic, and a view is never mutated
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -75,6 +76,8 @@ class TargetState:
     incidents_opened: Counter[tuple[str, Cause]] = field(default_factory=Counter)
     #: Every transition so far (``recent`` keeps the last few of them).
     transitions: int = 0
+    #: model_name values left out because the target exposed too many.
+    models_dropped: int = 0
     recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))
 
     def attempted(self, at: float, duration_s: float | None = None) -> None:
@@ -107,6 +110,8 @@ class TargetWatcher:
         self._clock = clock
         self._timeout = settings.scrape_timeout
         self._max_body = settings.max_body_bytes
+        self._max_models = settings.max_models_per_target
+        self._dropped_logged_at: float | None = None
         self._headers = auth_headers(target)
         self._failing_since_log: float | None = None
         self._suppressed = 0
@@ -144,6 +149,8 @@ class TargetWatcher:
         at = snapshot.at
         self._recovered()
         st.up, st.last_success_at = True, at
+        if len(snapshot.models) > self._max_models:
+            snapshot = self._bounded(snapshot)
         evaluation = self.evaluator.step(snapshot)
         if snapshot.problems:
             st.series_problems += len(snapshot.problems)
@@ -165,6 +172,28 @@ class TargetWatcher:
                 st.incidents_opened[(t.model_name, t.cause)] += 1
         if evaluation.transitions and self._notifier is not None:
             self._notifier.notify(st.name, evaluation.transitions, now=at)
+
+    def _bounded(self, snapshot: Snapshot) -> Snapshot:
+        """At most ``max_models_per_target`` models: the ones already watched first, then
+        the rest by name. What is left out is counted and logged, never silently lost."""
+        st = self.state
+        known = set(st.view.evaluation.diagnoses) if st.view is not None else set()
+        order = sorted(snapshot.models, key=lambda m: (m not in known, m))
+        keep = order[: self._max_models]
+        dropped = len(order) - len(keep)
+        st.models_dropped += dropped
+        now = time.monotonic()
+        if self._dropped_logged_at is None or now - self._dropped_logged_at >= FAILURE_LOG_EVERY_S:
+            self._dropped_logged_at = now  # once a minute at most, like scrape failures
+            log.warning(
+                "models_dropped",
+                target=st.name,
+                exposed=len(order),
+                kept=len(keep),
+                dropped=dropped,
+                first_dropped=order[len(keep)][:80],
+            )
+        return dataclasses.replace(snapshot, models={m: snapshot.models[m] for m in keep})
 
     def _log_transition(self, t: Transition) -> None:
         d = t.diagnosis

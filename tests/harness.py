@@ -158,3 +158,76 @@ class Receiver:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@dataclass
+class Answer:
+    """What the target answers every GET with; change it while the target runs.
+
+    ``sequence``: bodies served one per GET (the last one repeats), instead of ``body``.
+    ``truncate``: announce more bytes than are sent, then hang up. ``stream_bytes``: send
+    that many bytes (lines of junk) in 64 KiB chunks; ``sent`` counts what got out.
+    """
+
+    status: int = 200
+    body: bytes = b""
+    delay: float = 0.0
+    sequence: list[bytes] = field(default_factory=list)
+    truncate: bool = False
+    stream_bytes: int = 0
+    sent: int = 0
+    gets: int = 0
+
+
+@contextmanager
+def target(answer: Answer | None = None, **kwargs: Any) -> Iterator[str]:
+    """A target on 127.0.0.1 answering every GET as ``answer`` says."""
+    answer = answer or Answer(**kwargs)
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            time.sleep(answer.delay)
+            with lock:
+                answer.gets += 1
+                body = answer.body
+                if answer.sequence:
+                    body = (
+                        answer.sequence.pop(0) if len(answer.sequence) > 1 else answer.sequence[0]
+                    )
+            try:
+                self.send_response(answer.status)
+                if answer.stream_bytes:
+                    self._stream(answer.stream_bytes)
+                    return
+                length = len(body) + (100 if answer.truncate else 0)
+                self.send_header("Content-Length", str(length))
+                self.end_headers()
+                self.wfile.write(body)
+                if answer.truncate:
+                    self.close_connection = True
+            except OSError:
+                pass  # the scraper gave up first
+
+        def _stream(self, total: int) -> None:
+            self.send_header("Content-Length", str(total))
+            self.end_headers()
+            answer.sent = 0  # per request
+            chunk = (b"# " + b"x" * 1021 + b"\n") * 64  # 64 KiB of comment lines
+            while answer.sent < total:
+                self.wfile.write(chunk)
+                answer.sent += len(chunk)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

@@ -3,12 +3,7 @@ against misbehaving targets on 127.0.0.1."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -17,49 +12,9 @@ import structlog
 from daemon.settings import Settings, load_settings
 from daemon.simulator import get_scenario
 
-from harness import free_port, metrics_url, running_daemon, simulated, wait_for
+from harness import Answer, free_port, metrics_url, running_daemon, simulated, target, wait_for
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm"
-
-
-@dataclass
-class Answer:
-    """What the target answers every GET with; change it while the target runs."""
-
-    status: int = 200
-    body: bytes = b""
-    delay: float = 0.0
-
-
-@contextmanager
-def target(answer: Answer | None = None, **kwargs: object) -> Iterator[str]:
-    """A target on 127.0.0.1 answering every GET as ``answer`` says."""
-    answer = answer or Answer(**kwargs)  # type: ignore[arg-type]
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            time.sleep(answer.delay)
-            try:
-                self.send_response(answer.status)
-                self.send_header("Content-Length", str(len(answer.body)))
-                self.end_headers()
-                self.wfile.write(answer.body)
-            except OSError:
-                pass  # the scraper gave up first
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 def settings_for(*targets: tuple[str, str], **extra: object) -> Settings:
