@@ -9,7 +9,8 @@ help:
 	@echo "make venv   create $(VENV) with vllm-triage (editable) and the test tools"
 	@echo "make test   run the test suite"
 	@echo "make lint   ruff and mypy --strict"
-	@echo "make bench  benchmark the core against a bare prometheus_client parse"
+	@echo "make bench  benchmarks: the core against prometheus_client, targets per core,"
+	@echo "            memory over simulated hours, detection and delivery latency"
 	@echo "make demo   run the built-in demo"
 
 $(BIN)/vllm-triage: pyproject.toml
@@ -28,6 +29,7 @@ lint: venv
 
 bench: venv
 	$(BIN)/python bench/bench_core.py
+	$(BIN)/python bench/bench_daemon.py
 
 demo: venv
 	$(BIN)/vllm-triage demo

@@ -27,11 +27,13 @@ def counter_delta(newer: float, older: float) -> float:
 def histogram_delta(newer: Histogram, older: Histogram) -> Histogram:
     """Observations made between two scrapes, bucket by bucket.
 
-    A restarted target (its count, or any bucket, went down) or a changed bucket layout
-    (an upgraded vLLM) means the older scrape is no baseline: the newer histogram then
-    holds everything observed since the restart.
+    A restarted target (its count, its sum or any bucket went down) or a changed bucket
+    layout (an upgraded vLLM) means the older scrape is no baseline: the newer histogram
+    then holds everything observed since the restart. (vLLM observes durations and token
+    counts, never negative, so a live sum only grows; a fuzz test found a sum that fell
+    while the count rose giving a negative mean.)
     """
-    if newer.bounds != older.bounds or newer.count < older.count:
+    if newer.bounds != older.bounds or newer.count < older.count or newer.sum < older.sum:
         return newer
     cumulative = tuple(n - o for n, o in zip(newer.cumulative, older.cumulative, strict=True))
     if any(c < 0 for c in cumulative):

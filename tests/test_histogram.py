@@ -89,6 +89,13 @@ class TestDeltas:
         d = histogram_delta(newer, older)
         assert d.cumulative == (2, 4) and d.count == 4 and d.sum == 5.0
 
+    def test_a_falling_sum_is_a_restart(self) -> None:
+        """Count up but sum down (found by tests/test_fuzz.py): not a negative mean, a
+        restart, so the newer histogram is the delta."""
+        older = Histogram(bounds=(1.0, INF), cumulative=(0, 0), count=0, sum=1.0)
+        newer = Histogram(bounds=(1.0, INF), cumulative=(0, 1), count=1, sum=0.5)
+        assert histogram_delta(newer, older) is newer
+
     def test_histogram_reset(self) -> None:
         """A histogram whose count went down restarted: the newer one is the delta."""
         older = Histogram(bounds=(1.0, INF), cumulative=(5, 8), count=8, sum=4.0)
