@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import signal
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -60,9 +61,12 @@ class Daemon:
         self.settings = settings
         self.clock = clock
         self.ready = False
-        self._client = httpx.AsyncClient(
-            follow_redirects=True, limits=httpx.Limits(max_connections=None)
-        )
+        # Receivers and the fleet's query API share one client. Each scraped target gets
+        # a client of its own, with one kept-alive connection: in one shared pool every
+        # request scans every idle connection, which made 500 targets cost a core
+        # (bench/bench_daemon.py). The TLS context is built once and shared.
+        self._tls = ssl.create_default_context()
+        self._client = httpx.AsyncClient(follow_redirects=True, verify=self._tls)
         endpoints = Endpoints(
             build_registry(self.target_states, lambda: self.notifier.deliveries),
             self.target_states,
@@ -72,7 +76,9 @@ class Daemon:
         self.http = HttpServer(settings.listen, endpoints)
         self.notifier = Notifier(settings, self._client, external_url(settings, self.address))
         self.watchers = [
-            TargetWatcher(t, settings, client=self._client, notifier=self.notifier, clock=clock)
+            TargetWatcher(
+                t, settings, client=self._target_client(), notifier=self.notifier, clock=clock
+            )
             for t in settings.targets
         ]
         self.fleet: PrometheusSource | None = None
@@ -80,6 +86,13 @@ class Daemon:
             self.fleet = PrometheusSource(
                 settings, client=self._client, notifier=self.notifier, clock=clock
             )
+
+    def _target_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            follow_redirects=True,
+            verify=self._tls,
+            limits=httpx.Limits(max_connections=2, max_keepalive_connections=1),
+        )
 
     def target_states(self) -> list[TargetState]:
         """Every target's state now (in fleet mode the list grows as servers appear)."""
@@ -173,6 +186,10 @@ class Daemon:
         self.ready = False
         log.info("stopping", grace_s=self.settings.shutdown_grace_seconds)
         scheduler.shutdown(wait=False)
+        # Let scrapes the scheduler had just submitted start, so they are waited for
+        # below rather than cancelled unstarted (which the scheduler logs as a crash).
+        for _ in range(3):
+            await asyncio.sleep(0)
 
         def busy() -> bool:
             fleet = self.fleet is not None and self.fleet.in_flight
@@ -190,6 +207,8 @@ class Daemon:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
         lost = sum(d.abandon("undelivered at shutdown") for d in self.notifier.deliveries)
-        await self._client.aclose()
+        await asyncio.gather(
+            self._client.aclose(), *(w.close() for w in self.watchers), return_exceptions=True
+        )
         self.http.stop()
         log.info("stopped", took_s=round(time.monotonic() - began, 2), undelivered=lost)

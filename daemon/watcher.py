@@ -9,6 +9,7 @@ it without a lock: swapping one reference is atomic, and a view is never mutated
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections import Counter, deque
@@ -116,6 +117,9 @@ class TargetWatcher:
         self._failing_since_log: float | None = None
         self._suppressed = 0
 
+    async def close(self) -> None:
+        await self._client.aclose()
+
     async def scrape(self) -> None:
         """One tick: never raises for anything the target did."""
         self.in_flight = True
@@ -136,6 +140,12 @@ class TargetWatcher:
             return
         except ParseError as exc:
             self._failed("parse", f"unreadable /metrics: {exc}")
+            return
+        except asyncio.CancelledError:
+            # Only shutdown cancels a scrape (a timeout arrives as ScrapeError): one that
+            # started as the scheduler stopped is not the target's fault, and letting the
+            # cancellation out would make the scheduler log it as a crash.
+            log.debug("scrape_cancelled", target=st.name)
             return
         finally:
             st.attempted(at, time.monotonic() - started)
