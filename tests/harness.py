@@ -31,6 +31,20 @@ def wait_for(check: Callable[[], Any], *, timeout: float, every: float = 0.05) -
     raise AssertionError(f"condition not met within {timeout} s")
 
 
+#: Sockets held bound (never listening) for the life of the test process.
+_HELD: list[socket.socket] = []
+
+
+def refused_port() -> int:
+    """A port that refuses connections and that nothing else can take: bound but not
+    listening, for as long as the tests run. (A port from ``free_port`` may be handed
+    out again by the next bind to port 0, such as the daemon's own listener.)"""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    _HELD.append(s)
+    return int(s.getsockname()[1])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -23,8 +23,8 @@ from daemon.simulator import Phase, Scenario, get_scenario, record
 from harness import (
     Answer,
     Receiver,
-    free_port,
     metrics_url,
+    refused_port,
     running_daemon,
     simulated,
     target,
@@ -104,8 +104,7 @@ def test_a_bad_target_is_counted_logged_and_recovers(bad: dict[str, Any], reason
 
 
 def test_a_refusing_target_recovers_when_it_comes_up() -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/metrics"
+    url = f"http://127.0.0.1:{refused_port()}/metrics"
     with running_daemon(settings_for(url)) as daemon:
         state = daemon.watchers[0].state
         wait_for(lambda: state.failures["connect"] >= 2, timeout=20)

@@ -19,7 +19,7 @@ from daemon.check_cmd import check
 from daemon.simulator import get_scenario
 
 from clirun import COMMAND, stderr_lines, vllm_triage
-from harness import Receiver, free_port, metrics_url, simulated, wait_for
+from harness import Receiver, free_port, metrics_url, refused_port, simulated, wait_for
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -207,7 +207,7 @@ class TestCheck:
         assert result["models"][0]["cause"] is None
 
     def test_a_dead_server_cannot_tell_exit_2(self, tmp_path: Path) -> None:
-        url = f"http://127.0.0.1:{free_port()}/metrics"
+        url = f"http://127.0.0.1:{refused_port()}/metrics"
         result = vllm_triage("check", url, "--window", "1", "--scrapes", "2", cwd=tmp_path)
         assert result.returncode == 2
         assert "cannot tell" in result.stdout

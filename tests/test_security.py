@@ -22,7 +22,7 @@ import structlog
 from daemon.settings import load_settings
 from daemon.simulator import get_scenario
 
-from harness import free_port, metrics_url, running_daemon, simulated, wait_for
+from harness import metrics_url, refused_port, running_daemon, simulated, wait_for
 
 SECRETS = {
     "target_token": "S3CRET-target-bearer",
@@ -34,8 +34,8 @@ SECRETS = {
 
 
 def test_no_secret_reaches_logs_endpoints_or_errors() -> None:
-    dead_receiver = f"http://127.0.0.1:{free_port()}/hooks/{SECRETS['url_token']}"
-    dead_target = f"http://127.0.0.1:{free_port()}/metrics"
+    dead_receiver = f"http://127.0.0.1:{refused_port()}/hooks/{SECRETS['url_token']}"
+    dead_target = f"http://127.0.0.1:{refused_port()}/metrics"
     with simulated(get_scenario("kv_pressure"), speed=10.0) as sim:
         settings = load_settings(
             flags={
@@ -63,7 +63,7 @@ def test_no_secret_reaches_logs_endpoints_or_errors() -> None:
                     {
                         "type": "alertmanager_webhook",
                         "name": "basic",
-                        "url": f"http://127.0.0.1:{free_port()}/hook",
+                        "url": f"http://127.0.0.1:{refused_port()}/hook",
                         "basic_auth": {"username": "u", "password": SECRETS["password"]},
                         "retry_initial_seconds": 0.05,
                         "retry_max_seconds": 0.1,

@@ -12,7 +12,15 @@ import structlog
 from daemon.settings import Settings, load_settings
 from daemon.simulator import get_scenario
 
-from harness import Answer, free_port, metrics_url, running_daemon, simulated, target, wait_for
+from harness import (
+    Answer,
+    metrics_url,
+    refused_port,
+    running_daemon,
+    simulated,
+    target,
+    wait_for,
+)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vllm"
 
@@ -56,7 +64,7 @@ class TestScheduling:
 class TestFailures:
     def test_each_failure_is_counted_by_reason_and_logged_once(self) -> None:
         garbage = b"\x00\xff not metrics at all \x89PNG"
-        dead = f"http://127.0.0.1:{free_port()}/metrics"
+        dead = f"http://127.0.0.1:{refused_port()}/metrics"
         with (
             target(status=500) as err,
             target(body=garbage) as junk,
