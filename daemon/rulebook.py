@@ -6,6 +6,8 @@ so it runs once at start-up (in the shell), and the core only ever sees the resu
 
 from __future__ import annotations
 
+import functools
+
 from daemon.diagnose import Ceiling, Rulebook
 from daemon.errors import ConfigError
 from daemon.evaluate import Evaluator
@@ -22,7 +24,11 @@ from daemon.sizing import (
 )
 
 
+@functools.cache
 def load_remediation() -> dict[Cause, tuple[str, ...]]:
+    """The remediation texts; cached, like the GPU table (``gpus.default_table``), because
+    they are immutable package data and every target's rulebook reads them: a daemon
+    with 250 targets spent seconds of start-up re-parsing this YAML."""
     data = read_bundled("remediation.yaml")
     if not isinstance(data, dict):
         raise ConfigError("rules/remediation.yaml: expected a mapping of cause to a list")
