@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: help venv test lint bench demo clean
+.PHONY: help venv test lint bench demo golden clean
 
 help:
 	@echo "make venv   create $(VENV) with vllm-triage (editable) and the test tools"
@@ -12,6 +12,7 @@ help:
 	@echo "make bench  benchmarks: the core against prometheus_client, targets per core,"
 	@echo "            memory over simulated hours, detection and delivery latency"
 	@echo "make demo   run the built-in demo"
+	@echo "make golden regenerate tests/golden/metrics.prom (read the diff before committing)"
 
 $(BIN)/vllm-triage: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +34,9 @@ bench: venv
 
 demo: venv
 	$(BIN)/vllm-triage demo
+
+golden: venv
+	$(BIN)/python tests/golden_metrics.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

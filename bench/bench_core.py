@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from daemon.parse import SnapshotParser
-from daemon.rulebook import build_evaluator
+from daemon.assemble import build_evaluator
+from daemon.core.parse import SnapshotParser
 from daemon.settings import load_settings
 
 from payloads import many_models, one_model

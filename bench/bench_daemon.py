@@ -263,7 +263,7 @@ def bench_memory(counts: list[int]) -> list[dict[str, Any]]:
 
 def bench_detection(speed: float = 10.0) -> list[dict[str, Any]]:
     """Per cause: evaluations from the first breached window to the firing delivery."""
-    from daemon.live_demo import scaled_clock
+    from daemon.demo.live import scaled_clock
     from daemon.logs import configure
     from daemon.settings import load_settings
     from daemon.simulator import get_scenario
@@ -326,7 +326,8 @@ def bench_delivery(n: int = 200) -> dict[str, float]:
     """Milliseconds from a notification submitted to its arrival at a local receiver."""
     import httpx
 
-    from daemon.delivery import Delivery, Notification
+    from daemon.delivery import Delivery
+    from daemon.receivers import Notification, build_receiver
     from daemon.settings import ReceiverSettings
 
     from harness import Receiver
@@ -345,9 +346,8 @@ def bench_delivery(n: int = 200) -> dict[str, float]:
 
         async def go() -> list[float]:
             async with httpx.AsyncClient() as client:
-                d = Delivery(
-                    "bench", ReceiverSettings(type="alertmanager_webhook", url=rx.url), client
-                )
+                hook = ReceiverSettings(type="alertmanager_webhook", url=rx.url)
+                d = Delivery(build_receiver("bench", hook, "http://127.0.0.1:9468"), client)
                 worker = asyncio.create_task(d.run())
                 sent = []
                 for i in range(n):

@@ -10,8 +10,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from daemon.report import iso, transition_dict
-from daemon.watcher import TargetState
+from daemon.core.report import diagnosis_dict, iso, transition_dict
+from daemon.state import TargetState
 
 
 def _finite(value: Any) -> Any:
@@ -55,12 +55,7 @@ def target_json(t: TargetState) -> dict[str, Any]:
                 "incident_state": str(view.states.get(model, "clear")),
                 "incident_started_at": iso(incident.started_at) if incident else None,
                 "current_cause": d.cause,
-                "breaches": list(d.breaches),
-                "confidence": d.confidence,
-                "summary": d.summary,
-                "evidence": dict(d.evidence),
-                "secondary": list(d.secondary),
-                "remediation": list(d.remediation),
+                **diagnosis_dict(d),
                 "signals": dataclasses.asdict(ev.signals[model]),
             }
         )

@@ -34,21 +34,12 @@ from tenacity import (
 )
 
 from daemon.httpauth import auth_headers
-from daemon.settings import ReceiverSettings
+from daemon.receivers import Notification, Receiver
 
 log = structlog.get_logger("vllm_triage.delivery")
 
 #: Statuses worth retrying: the receiver may be restarting or shedding load.
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-
-
-@dataclass(frozen=True, slots=True)
-class Notification:
-    """One POST to make: ``what`` says it in logs (no secrets, no bodies)."""
-
-    body: bytes
-    what: str
-    path: str = ""
 
 
 class RetryableError(Exception):
@@ -87,15 +78,13 @@ def _retry_after(resp: httpx.Response) -> float | None:
 class Delivery:
     """The queue and worker of one receiver."""
 
-    def __init__(self, name: str, settings: ReceiverSettings, client: httpx.AsyncClient) -> None:
-        self.name = name
-        self.settings = settings
+    def __init__(self, receiver: Receiver, client: httpx.AsyncClient) -> None:
+        self.receiver = receiver
+        self.name = receiver.name
+        self.settings = settings = receiver.settings
         self.stats = ReceiverStats()
         self._client = client
-        self._url = settings.url.get_secret_value().rstrip("/")
-        if settings.type == "alertmanager":
-            # Given as Alertmanager's base URL; accept the full API path too.
-            self._url = self._url.removesuffix("/api/v2/alerts")
+        self._url = receiver.url
         self._headers = {"Content-Type": "application/json", **auth_headers(settings)}
         self._secret = (
             settings.hmac_secret.get_secret_value().encode() if settings.hmac_secret else None

@@ -20,9 +20,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from daemon import __version__
+from daemon.core.model import CAUSES, Diagnosis, Quantile, Signals
 from daemon.delivery import Delivery
-from daemon.model import CAUSES, Diagnosis, Quantile, Signals
-from daemon.watcher import TargetState
+from daemon.state import TargetState
 
 P = "vllm_triage_"
 DIAGNOSES = ("healthy", *CAUSES)
@@ -275,11 +275,16 @@ class TriageCollector(Collector):
 
 
 def build_registry(
-    targets: Callable[[], Sequence[TargetState]], deliveries: Callable[[], Sequence[Delivery]]
+    targets: Callable[[], Sequence[TargetState]],
+    deliveries: Callable[[], Sequence[Delivery]],
+    *,
+    process_metrics: bool = True,
 ) -> CollectorRegistry:
-    """A registry of our own: no process or platform collectors from the global one."""
+    """A registry of our own: no platform collectors from the global one. The daemon's own
+    CPU and memory (process_*), for its resource limits, unless ``process_metrics`` is off
+    (the golden file leaves them out: they differ on every run)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(TriageCollector(targets, deliveries))
-    # The daemon's own CPU and memory (process_*), for its resource limits.
-    ProcessCollector(registry=registry)
+    if process_metrics:
+        ProcessCollector(registry=registry)
     return registry

@@ -25,12 +25,14 @@ from typing import Any
 import httpx
 import structlog
 
+from daemon.core.names import SAMPLES
 from daemon.errors import ParseError, ScrapeError
 from daemon.httpauth import auth_headers
-from daemon.names import SAMPLES
 from daemon.notifier import Notifier
+from daemon.scrape import scrape_error
 from daemon.settings import PrometheusSourceSettings, Settings, TargetSettings
-from daemon.watcher import TargetState, TargetWatcher
+from daemon.state import TargetState
+from daemon.watcher import TargetWatcher
 
 log = structlog.get_logger("vllm_triage.fleet")
 
@@ -142,8 +144,7 @@ class PrometheusSource:
                 url, params=params, headers=self._headers, timeout=timeout
             )
         except httpx.HTTPError as exc:
-            reason = "timeout" if isinstance(exc, httpx.TimeoutException) else "connect"
-            raise ScrapeError(f"{type(exc).__name__}: {exc} ({url})", reason=reason) from exc
+            raise scrape_error(exc, url, timeout) from exc
         if resp.status_code // 100 != 2:
             raise ScrapeError(
                 f"HTTP {resp.status_code} from {url}: {resp.text[:200]}", reason="http_status"

@@ -28,7 +28,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import CollectorRegistry
 
 from daemon.api import diagnoses_json
-from daemon.watcher import TargetState
+from daemon.state import TargetState
 
 log = structlog.get_logger("vllm_triage.http")
 

@@ -1,39 +1,27 @@
 """From incident transitions to notifications for every receiver.
 
 Keeps the alerts that are firing now, so that a ``resolved`` carries the annotations its
-``firing`` had (as Alertmanager shows them), a long incident is re-notified every
-``repeat_interval_seconds``, and an ``alertmanager`` receiver gets every active alert
-again every ``resend_seconds`` (Alertmanager expires an alert that is not re-sent).
-Time comes from the caller (``now``), so the repeat rules are tested without a clock.
+``firing`` had (as Alertmanager shows them), and a log of what each receiver was last told
+about each alert identity. Whether a receiver hears something is ``core.dedup``'s pure
+decision over that log; what it hears is its ``Receiver``'s encoding. Time comes from the
+caller (``now``), so the repeat rules are tested without a clock.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from typing import Any
 
 import httpx
-import structlog
 
-from daemon.alerts import Alert, firing_alert, postable_alerts, slack_payload, webhook_payload
-from daemon.delivery import Delivery, Notification
-from daemon.model import Transition
-from daemon.settings import ReceiverSettings, Settings
+from daemon.core.alerts import Alert, firing_alert
+from daemon.core.dedup import LastSent, NotifyReason, needs_update
+from daemon.core.model import Transition
+from daemon.delivery import Delivery
+from daemon.receivers import build_receiver
+from daemon.settings import Settings
 
-log = structlog.get_logger("vllm_triage.notifier")
-
-#: A pushed alert stays valid for this many resend periods (Prometheus uses 4).
-VALID_FOR_RESENDS = 4
-
-
-def _json(body: Any) -> bytes:
-    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
-
-
-def _what(alert: Alert) -> str:
-    labels = alert.labels
-    return f"{alert.status} {labels['diagnosis']} {labels['target']}/{labels['model_name']}"
+#: The log key of a batching receiver's last push of every active alert.
+ALL_ACTIVE = "*"
 
 
 class Notifier:
@@ -43,12 +31,12 @@ class Notifier:
         self.severity = settings.alerting.severity
         self.external_url = external_url
         self.deliveries = [
-            Delivery(settings.receiver_name(i), r, client) for i, r in enumerate(settings.receivers)
+            Delivery(build_receiver(settings.receiver_name(i), r, external_url), client)
+            for i, r in enumerate(settings.receivers)
         ]
         self.active: dict[str, Alert] = {}
-        #: (receiver, alert key) -> when that receiver was last told about that alert.
-        self._last_sent: dict[tuple[str, str], float] = {}
-        self._last_push: dict[str, float] = {}
+        #: (receiver, alert key) -> what that receiver was last told about that alert.
+        self.log: dict[tuple[str, str], LastSent] = {}
 
     def notify(self, target: str, transitions: Iterable[Transition], now: float) -> None:
         for t in transitions:
@@ -60,44 +48,34 @@ class Notifier:
             else:
                 alert = self.active.pop(alert.key, alert).resolved(t.at)
             for d in self.deliveries:
-                self._send(d, [alert], now)
-            if t.event == "resolved":
-                for d in self.deliveries:
-                    self._last_sent.pop((d.name, alert.key), None)
+                key = (d.name, alert.key)
+                if needs_update(self.log.get(key), alert.status, now, d.receiver.policy):
+                    self._send(d, [alert], now)
+                    if alert.status == "firing":
+                        self.log[key] = LastSent("firing", now)
+                if alert.status == "resolved":
+                    # Forgotten whether or not this receiver heard the resolve: the next
+                    # firing of the same identity is a first notification again.
+                    self.log.pop(key, None)
 
     def tick(self, now: float) -> None:
         """Re-notify what is due: repeats for long incidents, re-sends to Alertmanager."""
         for d in self.deliveries:
-            r = d.settings
-            if r.type == "alertmanager":
-                due = now - self._last_push.get(d.name, now) >= r.resend_seconds
+            policy = d.receiver.policy
+            if d.receiver.batches:
+                last = self.log.get((d.name, ALL_ACTIVE))
+                due = needs_update(last, "firing", now, policy) is NotifyReason.REPEAT
                 if due and self.active:
                     self._send(d, list(self.active.values()), now)
                 continue
             for key, alert in self.active.items():
-                last = self._last_sent.get((d.name, key))
-                if last is not None and now - last >= r.repeat_interval_seconds:
+                last = self.log.get((d.name, key))
+                if needs_update(last, "firing", now, policy) is NotifyReason.REPEAT:
                     self._send(d, [alert], now)
+                    self.log[(d.name, key)] = LastSent("firing", now)
 
     def _send(self, d: Delivery, alerts: list[Alert], now: float) -> None:
-        r: ReceiverSettings = d.settings
-        # Alertmanager must hear of a resolve whatever send_resolved says (that is its
-        # own receivers' setting): unheard, an alert stays firing there until it expires.
-        if not r.send_resolved and r.type != "alertmanager":
-            alerts = [a for a in alerts if a.status == "firing"]
-        if not alerts:
-            return
-        what = ", ".join(_what(a) for a in alerts)
-        if r.type == "alertmanager":
-            body = postable_alerts(alerts, now=now, valid_for=VALID_FOR_RESENDS * r.resend_seconds)
-            d.submit(Notification(_json(body), what, path="/api/v2/alerts"))
-            self._last_push[d.name] = now
-        elif r.type == "slack":
-            for a in alerts:
-                d.submit(Notification(_json(slack_payload(a)), _what(a)))
-        else:
-            for a in alerts:
-                payload = webhook_payload(d.name, [a], self.external_url)
-                d.submit(Notification(_json(payload), _what(a)))
-        for a in alerts:
-            self._last_sent[(d.name, a.key)] = now
+        for n in d.receiver.encode(alerts, now):
+            d.submit(n)
+        if d.receiver.batches:
+            self.log[(d.name, ALL_ACTIVE)] = LastSent("firing", now)

@@ -1,14 +1,12 @@
 """Recording a target: one file per scrape, the raw body, named ``<unix_time_ms>.prom``.
 
 The body is written as received (not re-rendered), so a replay sees exactly what vLLM
-sent, quirks included. Each file is written under a temporary name and renamed, so a
-replay running beside a recording never reads half a file. A failed scrape writes no
+sent, quirks included (the format is ``daemon.recording``). A failed scrape writes no
 file and is logged; the recording goes on.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,78 +15,12 @@ from pathlib import Path
 import httpx
 import structlog
 
+from daemon.core.parse import SnapshotParser
 from daemon.errors import ParseError, ScrapeError
-from daemon.parse import SnapshotParser
-
-#: vLLM serves the classic text format; prometheus_client's OpenMetrics output would
-#: garble names with colons, so ask for 0.0.4 explicitly.
-ACCEPT = "text/plain; version=0.0.4; charset=utf-8"
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+from daemon.recording import write_atomically
+from daemon.scrape import DEFAULT_MAX_BODY_BYTES, fetch
 
 log = structlog.get_logger("vllm_triage.record")
-
-
-def check_status(resp: httpx.Response, url: str) -> None:
-    if resp.status_code // 100 != 2:
-        raise ScrapeError(f"HTTP {resp.status_code} from {url}", reason="http_status")
-
-
-class BodyLimit:
-    """Collects a body's chunks, refusing it once it passes ``max_bytes`` (never held whole)."""
-
-    def __init__(self, max_bytes: int, url: str) -> None:
-        self.max_bytes, self.url = max_bytes, url
-        self.size = 0
-        self.chunks: list[bytes] = []
-
-    def add(self, chunk: bytes) -> None:
-        self.size += len(chunk)
-        if self.size > self.max_bytes:
-            raise ScrapeError(
-                f"body larger than {self.max_bytes} bytes from {self.url}", reason="too_large"
-            )
-        self.chunks.append(chunk)
-
-    def body(self) -> bytes:
-        return b"".join(self.chunks)
-
-
-def scrape_error(exc: httpx.HTTPError, url: str, timeout: float) -> ScrapeError:
-    """A transport error as a ``ScrapeError`` with its reason."""
-    if isinstance(exc, httpx.TimeoutException):
-        return ScrapeError(f"timed out after {timeout:g} s: {url}", reason="timeout")
-    reason = "connect" if isinstance(exc, httpx.ConnectError) else "http_error"
-    return ScrapeError(f"{type(exc).__name__}: {exc} ({url})", reason=reason)
-
-
-def fetch(
-    client: httpx.Client,
-    url: str,
-    *,
-    timeout: float,
-    max_body_bytes: int,
-    headers: dict[str, str] | None = None,
-) -> bytes:
-    """GET one /metrics body, refusing bodies over ``max_body_bytes`` without reading them whole."""
-    try:
-        with client.stream(
-            "GET", url, headers={"Accept": ACCEPT, **(headers or {})}, timeout=timeout
-        ) as resp:
-            check_status(resp, url)
-            limit = BodyLimit(max_body_bytes, url)
-            for chunk in resp.iter_bytes():
-                limit.add(chunk)
-            return limit.body()
-    except httpx.HTTPError as exc:
-        raise scrape_error(exc, url, timeout) from exc
-
-
-def write_atomically(directory: Path, at_ms: int, body: bytes) -> Path:
-    final = directory / f"{at_ms}.prom"
-    tmp = directory / f".{at_ms}.prom.tmp"
-    tmp.write_bytes(body)
-    os.replace(tmp, final)
-    return final
 
 
 @dataclass(slots=True)

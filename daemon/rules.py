@@ -7,6 +7,7 @@ code, so that users can read and override them (see ``settings``).
 from __future__ import annotations
 
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -35,52 +36,38 @@ def _source_tree_rules() -> Path:
     return Path(__file__).resolve().parent.parent / "rules"
 
 
-def read_bundled(name: str) -> Any:
-    """Load one YAML file from the bundled ``rules/``.
+def _locate(name: str) -> Traversable:
+    """A file or folder of the bundled ``rules/``.
 
     Installed, the files are the package ``daemon.bundled_rules``; run from a source
     checkout that was never installed (``python -m pytest`` in the repository), they
     are the checkout's ``rules/`` folder.
     """
     try:
-        text = resources.files(PACKAGE).joinpath(name).read_text(encoding="utf-8")
+        return resources.files(PACKAGE).joinpath(name)
     except ModuleNotFoundError:
-        try:
-            text = (_source_tree_rules() / name).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(
-                f"{bundled_path(name)}: not found ({exc}); reinstall vllm-triage"
-            ) from exc
-    except FileNotFoundError as exc:
-        raise ConfigError(
-            f"{bundled_path(name)}: missing from the installed package ({exc}); "
-            "reinstall vllm-triage"
-        ) from exc
+        return _source_tree_rules() / name
+
+
+def _missing(name: str, exc: OSError) -> ConfigError:
+    return ConfigError(f"{bundled_path(name)}: missing ({exc}); reinstall vllm-triage")
+
+
+def read_bundled(name: str) -> Any:
+    """Load one YAML file from the bundled ``rules/``."""
+    try:
+        text = _locate(name).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise _missing(name, exc) from exc
     return read_yaml_text(text, source=bundled_path(name))
 
 
 def list_bundled(folder: str, suffix: str = ".yaml") -> tuple[str, ...]:
-    """The names (without ``suffix``) of the files in a folder of the bundled ``rules/``.
-
-    Found the same two ways as ``read_bundled``, so that ``rules/scenarios/`` lists the
-    same from an installed package and from a checkout.
-    """
+    """The names (without ``suffix``) of the files in a folder of the bundled ``rules/``."""
     try:
-        entries = [
-            (e.name, e.is_file()) for e in resources.files(PACKAGE).joinpath(folder).iterdir()
-        ]
-    except ModuleNotFoundError:
-        try:
-            entries = [(e.name, e.is_file()) for e in (_source_tree_rules() / folder).iterdir()]
-        except OSError as exc:
-            raise ConfigError(
-                f"{bundled_path(folder)}: not found ({exc}); reinstall vllm-triage"
-            ) from exc
+        entries = [(e.name, e.is_file()) for e in _locate(folder).iterdir()]
     except OSError as exc:
-        raise ConfigError(
-            f"{bundled_path(folder)}: missing from the installed package ({exc}); "
-            "reinstall vllm-triage"
-        ) from exc
+        raise _missing(folder, exc) from exc
     return tuple(
         sorted(n.removesuffix(suffix) for n, is_file in entries if is_file and n.endswith(suffix))
     )

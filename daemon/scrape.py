@@ -1,8 +1,11 @@
-"""Fetching a target's /metrics from the event loop (``record`` has the blocking twin).
+"""Fetching a target's /metrics: ``fetch_async`` for the daemon's event loop, ``fetch`` for
+the blocking commands (``record``, ``check``); both share the status check, the body
+limit and the mapping of transport errors to failure reasons.
 
 The body is streamed and refused past ``max_body_bytes``, so a target that sends 50 MiB
-costs at most the limit in memory. ``asyncio.timeout`` bounds the whole scrape, body
-included: httpx's timeout is per read, and a target trickling bytes would outlast it.
+costs at most the limit in memory. In the daemon ``asyncio.timeout`` bounds the whole
+scrape, body included: httpx's timeout is per read, and a target trickling bytes would
+outlast it.
 """
 
 from __future__ import annotations
@@ -12,7 +15,69 @@ import asyncio
 import httpx
 
 from daemon.errors import ScrapeError
-from daemon.record import ACCEPT, BodyLimit, check_status, scrape_error
+
+#: vLLM serves the classic text format; prometheus_client's OpenMetrics output would
+#: garble names with colons, so ask for 0.0.4 explicitly.
+ACCEPT = "text/plain; version=0.0.4; charset=utf-8"
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def request_headers(headers: dict[str, str] | None) -> dict[str, str]:
+    return {"Accept": ACCEPT, **(headers or {})}
+
+
+class BodyLimit:
+    """Collects a body's chunks, refusing it once it passes ``max_bytes`` (never held whole)."""
+
+    def __init__(self, max_bytes: int, url: str) -> None:
+        self.max_bytes, self.url = max_bytes, url
+        self.size = 0
+        self.chunks: list[bytes] = []
+
+    @classmethod
+    def of(cls, resp: httpx.Response, url: str, max_bytes: int) -> BodyLimit:
+        """A limit for ``resp``'s body, once its status says there is a body to read."""
+        if resp.status_code // 100 != 2:
+            raise ScrapeError(f"HTTP {resp.status_code} from {url}", reason="http_status")
+        return cls(max_bytes, url)
+
+    def add(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.max_bytes:
+            raise ScrapeError(
+                f"body larger than {self.max_bytes} bytes from {self.url}", reason="too_large"
+            )
+        self.chunks.append(chunk)
+
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def scrape_error(exc: httpx.HTTPError, url: str, timeout: float) -> ScrapeError:
+    """A transport error as a ``ScrapeError`` with its reason."""
+    if isinstance(exc, httpx.TimeoutException):
+        return ScrapeError(f"timed out after {timeout:g} s: {url}", reason="timeout")
+    reason = "connect" if isinstance(exc, httpx.ConnectError) else "http_error"
+    return ScrapeError(f"{type(exc).__name__}: {exc} ({url})", reason=reason)
+
+
+def fetch(
+    client: httpx.Client,
+    url: str,
+    *,
+    timeout: float,
+    max_body_bytes: int,
+    headers: dict[str, str] | None = None,
+) -> bytes:
+    """GET one /metrics body, refusing bodies over ``max_body_bytes`` without reading them whole."""
+    try:
+        with client.stream("GET", url, headers=request_headers(headers), timeout=timeout) as resp:
+            limit = BodyLimit.of(resp, url, max_body_bytes)
+            for chunk in resp.iter_bytes():
+                limit.add(chunk)
+            return limit.body()
+    except httpx.HTTPError as exc:
+        raise scrape_error(exc, url, timeout) from exc
 
 
 async def fetch_async(
@@ -26,10 +91,9 @@ async def fetch_async(
     try:
         async with asyncio.timeout(timeout):
             async with client.stream(
-                "GET", url, headers={"Accept": ACCEPT, **(headers or {})}, timeout=timeout
+                "GET", url, headers=request_headers(headers), timeout=timeout
             ) as resp:
-                check_status(resp, url)
-                limit = BodyLimit(max_body_bytes, url)
+                limit = BodyLimit.of(resp, url, max_body_bytes)
                 async for chunk in resp.aiter_bytes():
                     limit.add(chunk)
                 return limit.body()

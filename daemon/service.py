@@ -36,7 +36,8 @@ from daemon.fleet import PrometheusSource
 from daemon.http_server import Endpoints, HttpServer
 from daemon.notifier import Notifier
 from daemon.settings import Settings
-from daemon.watcher import TargetState, TargetWatcher
+from daemon.state import TargetState
+from daemon.watcher import TargetWatcher
 
 log = structlog.get_logger("vllm_triage.service")
 
@@ -51,6 +52,32 @@ def external_url(settings: Settings, address: tuple[str, int]) -> str:
     if host in ("0.0.0.0", "::", ""):
         host = socket.gethostname()
     return f"http://{host}:{port}"
+
+
+def _every(
+    scheduler: AsyncIOScheduler,
+    func: Callable[[], object],
+    seconds: float,
+    job_id: str,
+    *,
+    first: datetime | None = None,
+) -> None:
+    """One interval job, with the options every job here shares, written out even where
+    they equal APScheduler's defaults: never two runs of one job at once (the tick that
+    would overlap is skipped and counted), one catch-up run after a late loop rather
+    than a burst, and a missed tick forgiven for about one interval."""
+    # APScheduler reads ``next_run_time=None`` as "paused": pass it only when given.
+    start: dict[str, datetime] = {} if first is None else {"next_run_time": first}
+    scheduler.add_job(
+        func,
+        "interval",
+        seconds=seconds,
+        id=job_id,
+        max_instances=1,
+        coalesce=True,
+        misfire_grace_time=max(1, int(seconds)),
+        **start,
+    )
 
 
 class Daemon:
@@ -131,35 +158,16 @@ class Daemon:
         now = datetime.now(UTC)
         n = max(len(self.watchers), 1)
         for i, w in enumerate(self.watchers):
-            scheduler.add_job(
+            _every(
+                scheduler,
                 w.scrape,
-                "interval",
-                seconds=s.interval_seconds,
-                id=f"scrape:{w.state.name}",
-                max_instances=1,
-                coalesce=True,
-                misfire_grace_time=max(1, int(s.interval_seconds)),
-                next_run_time=now + timedelta(seconds=s.interval_seconds * i / n),
+                s.interval_seconds,
+                f"scrape:{w.state.name}",
+                first=now + timedelta(seconds=s.interval_seconds * i / n),
             )
         if self.fleet is not None:
-            scheduler.add_job(
-                self.fleet.tick,
-                "interval",
-                seconds=s.interval_seconds,
-                id="scrape:prometheus",
-                max_instances=1,
-                coalesce=True,
-                misfire_grace_time=max(1, int(s.interval_seconds)),
-                next_run_time=now,
-            )
-        scheduler.add_job(
-            lambda: self.notifier.tick(self.clock()),
-            "interval",
-            seconds=NOTIFIER_TICK_S,
-            id="notifier",
-            max_instances=1,
-            coalesce=True,
-        )
+            _every(scheduler, self.fleet.tick, s.interval_seconds, "scrape:prometheus", first=now)
+        _every(scheduler, lambda: self.notifier.tick(self.clock()), NOTIFIER_TICK_S, "notifier")
         scheduler.add_listener(self._on_skipped, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED)
         self.http.start()
         scheduler.start()

@@ -37,7 +37,7 @@ from daemon.rules import read_bundled, read_file
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
-class Slo(BaseModel):
+class SloSettings(BaseModel):
     model_config = _FROZEN
     ttft_p99_seconds: float = Field(gt=0)
     itl_p99_seconds: float = Field(gt=0)
@@ -50,7 +50,7 @@ class IncidentRules(BaseModel):
     resolve_after: int = Field(ge=1)
 
 
-class Thresholds(BaseModel):
+class ThresholdSettings(BaseModel):
     model_config = _FROZEN
     min_observations: int = Field(ge=1)
     kv_headroom_requests: float = Field(gt=0)
@@ -215,9 +215,9 @@ class Settings(BaseSettings):
     )
 
     window_seconds: float = Field(gt=0)
-    slo: Slo
+    slo: SloSettings
     incident: IncidentRules
-    thresholds: Thresholds
+    thresholds: ThresholdSettings
     hardware: HardwareSettings = HardwareSettings()
     model: ModelSettings = ModelSettings()
 

@@ -2,9 +2,7 @@
 
 The scheduler calls ``scrape`` once per tick; everything that can go wrong with a
 target (refused, slow, 500, garbage, too big) ends here as a counted, logged failure
-and the next tick tries again. What the exporter and the API read is ``TargetState``;
-the event loop replaces its ``view`` whole after each evaluation (the HTTP thread reads
-it without a lock: swapping one reference is atomic, and a view is never mutated).
+and the next tick tries again. What it publishes is ``state.TargetState``.
 """
 
 from __future__ import annotations
@@ -12,81 +10,27 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import structlog
 
-from daemon.diagnose import Ceiling
+from daemon.assemble import build_evaluator, build_rulebook
+from daemon.core.model import Snapshot, Transition
+from daemon.core.parse import SnapshotParser
 from daemon.errors import ParseError, ScrapeError
-from daemon.evaluate import Evaluation
 from daemon.httpauth import auth_headers
-from daemon.incidents import Active, State
-from daemon.model import Cause, Snapshot, Transition
 from daemon.notifier import Notifier
-from daemon.parse import SnapshotParser
-from daemon.rulebook import build_evaluator, build_rulebook
+from daemon.redact import safe_url
 from daemon.scrape import fetch_async
 from daemon.settings import Settings, TargetSettings
+from daemon.state import TargetState, View
 
 log = structlog.get_logger("vllm_triage.watcher")
 
 #: A failing target logs its first failure at once, then one summary line per this
 #: many seconds, and one line when it recovers: a dead target must not flood the logs.
 FAILURE_LOG_EVERY_S = 60.0
-RECENT_TRANSITIONS = 20
-
-
-def safe_url(url: str) -> str:
-    """``url`` without a user:password part, for logs and the API."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-@dataclass(frozen=True, slots=True)
-class View:
-    """The latest evaluation of a target and the incident state it left."""
-
-    evaluation: Evaluation
-    states: dict[str, State]
-    active: tuple[Active, ...]
-
-
-@dataclass(slots=True)
-class TargetState:
-    name: str
-    url: str
-    ceiling: Ceiling | None
-    up: bool = False
-    scrapes: int = 0
-    failures: Counter[str] = field(default_factory=Counter)
-    skipped_ticks: int = 0
-    series_problems: int = 0
-    last_scrape_at: float | None = None
-    last_success_at: float | None = None
-    last_duration_s: float | None = None
-    last_error: str = ""
-    view: View | None = None
-    incidents_opened: Counter[tuple[str, Cause]] = field(default_factory=Counter)
-    #: Every transition so far (``recent`` keeps the last few of them).
-    transitions: int = 0
-    #: model_name values left out because the target exposed too many.
-    models_dropped: int = 0
-    recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))
-
-    def attempted(self, at: float, duration_s: float | None = None) -> None:
-        """Count one scrape (or fleet step) taken at ``at``, whatever came of it."""
-        self.scrapes += 1
-        self.last_scrape_at = at
-        if duration_s is not None:
-            self.last_duration_s = duration_s
 
 
 class TargetWatcher:

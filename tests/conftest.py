@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.names import SAMPLES
+from daemon.core.names import SAMPLES
 
 FIXTURES = Path(__file__).parent / "fixtures"
 VLLM_FIXTURES = sorted((FIXTURES / "vllm").glob("*.txt"))
 
-#: The seed article's table (domain.md): an 8B model at 16 bits, tokens/s rounded.
+#: The seed article's table (docs/physics.md): an 8B model at 16 bits, tokens/s rounded.
 SEED_CEILINGS = {
     "CPU, dual-channel DDR5-5600": 6,
     "NVIDIA A10G": 38,

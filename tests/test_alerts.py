@@ -1,4 +1,4 @@
-"""Tests for daemon/alerts.py: our payloads have the shape of a real Alertmanager 0.25's.
+"""Tests for daemon/core/alerts.py: our payloads have the shape of a real Alertmanager 0.25's.
 
 The two payloads in tests/fixtures/alertmanager/ were captured from a real Alertmanager.
 ``AlertmanagerV4`` below is a strict description of that shape (keys, key order, value
@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from daemon.alerts import (
+from daemon.core.alerts import (
     ALERTNAMES,
     GO_ZERO_TIME,
     Alert,
@@ -37,7 +37,7 @@ from daemon.alerts import (
     slack_payload,
     webhook_payload,
 )
-from daemon.model import Diagnosis, Reason, Transition
+from daemon.core.model import Diagnosis, Reason, Transition
 
 ALERTMANAGER = Path(__file__).parent / "fixtures" / "alertmanager"
 REAL = {

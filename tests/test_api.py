@@ -12,12 +12,12 @@ import pytest
 from test_exporter import MODEL, watched
 
 from daemon.api import diagnoses_json
-from daemon.demo import START_AT
-from daemon.diagnose import Ceiling
-from daemon.incidents import IncidentTracker
-from daemon.model import Diagnosis
-from daemon.report import iso
-from daemon.watcher import TargetState
+from daemon.core.incidents import IncidentTracker
+from daemon.core.model import Diagnosis
+from daemon.core.report import iso
+from daemon.core.rulebook import Ceiling
+from daemon.demo.offline import START_AT
+from daemon.state import TargetState
 
 NOW = START_AT + 3600
 

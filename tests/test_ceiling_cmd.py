@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from daemon.ceiling_cmd import add_parser
+from daemon.commands.ceiling import add_parser
 
 from conftest import SEED_CEILINGS
 

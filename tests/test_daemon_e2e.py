@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.live_demo import demo_settings, scaled_clock
+from daemon.demo.live import demo_settings, scaled_clock
 from daemon.settings import load_settings
 from daemon.simulator import get_scenario
 

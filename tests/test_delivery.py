@@ -26,11 +26,13 @@ import pytest
 from structlog.testing import capture_logs
 from tenacity import wait_fixed
 
-from daemon.delivery import Delivery, Notification, signature
+from daemon.delivery import Delivery, signature
+from daemon.receivers import Notification, build_receiver
 from daemon.settings import ReceiverSettings
 
 #: How long a "hang" answer holds the request (released early when the receiver stops).
 HANG_S = 5.0
+EXTERNAL = "http://triage.example:9468"
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,7 @@ async def drain(
 ) -> Delivery:
     """Submit ``items`` and run the worker until the queue is empty (or ``timeout``)."""
     async with httpx.AsyncClient(trust_env=False) as client:
-        d = Delivery("test", settings, client)
+        d = Delivery(build_receiver("test", settings, EXTERNAL), client)
         if setup is not None:
             setup(d)
         for n in items:
@@ -392,7 +394,10 @@ class TestQueue:
     def test_pending_counts_the_queue(self) -> None:
         async def go() -> int:
             async with httpx.AsyncClient(trust_env=False) as client:
-                d = Delivery("test", receiver_settings("http://127.0.0.1:9/"), client)
+                d = Delivery(
+                    build_receiver("test", receiver_settings("http://127.0.0.1:9/"), EXTERNAL),
+                    client,
+                )
                 for n in notes(4):
                     d.submit(n)
                 return d.pending
@@ -402,7 +407,10 @@ class TestQueue:
     def test_abandon_counts_the_queue_as_failed(self) -> None:
         async def go() -> tuple[int, Delivery]:
             async with httpx.AsyncClient(trust_env=False) as client:
-                d = Delivery("test", receiver_settings("http://127.0.0.1:9/"), client)
+                d = Delivery(
+                    build_receiver("test", receiver_settings("http://127.0.0.1:9/"), EXTERNAL),
+                    client,
+                )
                 for n in notes(3):
                     d.submit(n)
                 return d.abandon("shutdown"), d
@@ -420,7 +428,10 @@ class TestQueue:
 
         async def go(r: Receiver) -> tuple[int, Delivery]:
             async with httpx.AsyncClient(trust_env=False) as client:
-                d = Delivery("test", receiver_settings(r.url(), timeout_seconds=5), client)
+                d = Delivery(
+                    build_receiver("test", receiver_settings(r.url(), timeout_seconds=5), EXTERNAL),
+                    client,
+                )
                 for n in notes(3):
                     d.submit(n)
                 worker = asyncio.create_task(d.run())

@@ -1,14 +1,16 @@
-"""Tests for daemon/diagnose.py: the four causes, in causal order, with their evidence."""
+"""Tests for daemon/core/diagnose.py: the four causes, in causal order, with their evidence."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
-from daemon.diagnose import Ceiling, Rulebook, diagnose
-from daemon.model import Quantile, Signals
-from daemon.rulebook import load_remediation
+from daemon.assemble import build_rulebook
+from daemon.core.diagnose import diagnose
+from daemon.core.model import Quantile, Signals
+from daemon.core.rulebook import Ceiling, Rulebook
 from daemon.settings import load_settings
 
 SETTINGS = load_settings()
@@ -21,7 +23,7 @@ A10G_70B = Ceiling(
 
 
 def rules(ceiling: Ceiling | None = None) -> Rulebook:
-    return Rulebook(SETTINGS.slo, SETTINGS.thresholds, load_remediation(), ceiling)
+    return dataclasses.replace(build_rulebook(SETTINGS), ceiling=ceiling)
 
 
 def q(value: float, p: float = 0.99) -> Quantile:

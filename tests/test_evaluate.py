@@ -1,4 +1,4 @@
-"""Tests for daemon/evaluate.py and daemon/rulebook.py: the core's entry point, per target."""
+"""Tests for daemon/core/evaluate.py and daemon/assemble.py: the core's entry point, per target."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from daemon.assemble import build_evaluator, build_rulebook, ceiling
+from daemon.core.evaluate import Evaluator
+from daemon.core.model import ModelSeries, Snapshot
 from daemon.errors import ConfigError
-from daemon.evaluate import Evaluator
-from daemon.model import ModelSeries, Snapshot
-from daemon.rulebook import build_evaluator, build_rulebook, ceiling
 from daemon.settings import load_settings
 
 from snapshots import hist

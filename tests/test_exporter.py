@@ -23,14 +23,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from daemon import __version__
-from daemon.delivery import Delivery, Notification
-from daemon.demo import START_AT, ceiling_of
+from daemon.assemble import build_evaluator, build_rulebook
+from daemon.core.parse import SnapshotParser
+from daemon.delivery import Delivery
+from daemon.demo.offline import START_AT, ceiling_of
 from daemon.exporter import build_registry
-from daemon.parse import SnapshotParser
-from daemon.rulebook import build_evaluator, build_rulebook
+from daemon.receivers import Notification, build_receiver
 from daemon.settings import ReceiverSettings, load_settings
 from daemon.simulator import get_scenario, record
-from daemon.watcher import TargetState, View
+from daemon.state import TargetState, View
 
 P = "vllm_triage_"
 #: The state set's values: healthy, then the four causes.
@@ -135,12 +136,12 @@ def text(kv: TargetState, healthy: TargetState) -> str:
 @pytest.fixture
 def deliveries() -> Iterator[list[Delivery]]:
     client = httpx.AsyncClient()
-    ops = Delivery(
-        "ops",
-        ReceiverSettings(type="alertmanager_webhook", url="http://127.0.0.1:9/hook", queue_size=1),
-        client,
+    hook = ReceiverSettings(
+        type="alertmanager_webhook", url="http://127.0.0.1:9/hook", queue_size=1
     )
-    chat = Delivery("chat", ReceiverSettings(type="slack", url="http://127.0.0.1:9/slack"), client)
+    slack = ReceiverSettings(type="slack", url="http://127.0.0.1:9/slack")
+    ops = Delivery(build_receiver("ops", hook, "http://127.0.0.1:9468"), client)
+    chat = Delivery(build_receiver("chat", slack, "http://127.0.0.1:9468"), client)
     yield [ops, chat]
     asyncio.run(client.aclose())
 

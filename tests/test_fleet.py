@@ -19,9 +19,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from daemon.core.names import SAMPLES
+from daemon.core.parse import parse_snapshot
 from daemon.fleet import PrometheusSource, exposition, series_query, target_name
-from daemon.names import SAMPLES
-from daemon.parse import parse_snapshot
 from daemon.settings import Settings, load_settings
 from daemon.simulator import get_scenario, record
 

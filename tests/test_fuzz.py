@@ -15,12 +15,12 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from daemon.assemble import build_evaluator
+from daemon.core.model import Signals
+from daemon.core.parse import SnapshotParser
+from daemon.core.window import Window
 from daemon.errors import ParseError
-from daemon.model import Signals
-from daemon.parse import SnapshotParser
-from daemon.rulebook import build_evaluator
 from daemon.settings import load_settings
-from daemon.window import Window
 
 from snapshots import hist, snap
 

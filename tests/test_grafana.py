@@ -4,7 +4,7 @@ No Grafana runs here, so the dashboard is held to what can be checked offline: i
 structure (ids, titles, layout, datasource), that every query is valid PromQL (promtool
 parses each one as a recording rule; marked ``prometheus``, as it needs Debian's
 promtool), and that every metric a query reads is one vllm-triage exports (rendered from
-a real evaluation), one vLLM exports (daemon/names.py) or one of our recording rules.
+a real evaluation), one vLLM exports (daemon/core/names.py) or one of our recording rules.
 """
 
 from __future__ import annotations
@@ -27,15 +27,16 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from daemon.assemble import build_evaluator, build_rulebook
+from daemon.core.names import SAMPLES
+from daemon.core.parse import SnapshotParser
 from daemon.delivery import Delivery
-from daemon.demo import START_AT, ceiling_of
+from daemon.demo.offline import START_AT, ceiling_of
 from daemon.exporter import build_registry
-from daemon.names import SAMPLES
-from daemon.parse import SnapshotParser
-from daemon.rulebook import build_evaluator, build_rulebook
+from daemon.receivers import build_receiver
 from daemon.settings import ReceiverSettings, load_settings
 from daemon.simulator import get_scenario, record
-from daemon.watcher import TargetState, View
+from daemon.state import TargetState, View
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "deploy" / "grafana"
@@ -188,7 +189,7 @@ def exported() -> dict[str, set[str]]:
     async def main() -> str:
         async with httpx.AsyncClient() as client:
             receiver = ReceiverSettings(type="alertmanager_webhook", url="http://127.0.0.1:9/h")
-            deliveries = [Delivery("ops", receiver, client)]
+            deliveries = [Delivery(build_receiver("ops", receiver, "http://x:9468"), client)]
             registry = build_registry(lambda: [state], lambda: deliveries)
             return generate_latest(registry).decode("utf-8")
 

@@ -8,16 +8,16 @@ from typing import Any
 
 import pytest
 
-from daemon.errors import ConfigError
-from daemon.gpus import GPU, find_gpu, load_gpu_table, parse_gpu_table
-from daemon.hardware import ceiling_rows, decode_ceiling_tokens_per_s
-from daemon.sizing import (
+from daemon.ceiling.gpus import GPU, find_gpu, load_gpu_table, parse_gpu_table
+from daemon.ceiling.hardware import ceiling_rows, decode_ceiling_tokens_per_s
+from daemon.ceiling.sizing import (
     ModelSize,
     bytes_per_param,
     kv_bytes_per_token,
     model_size_from_config,
     model_size_from_parameters,
 )
+from daemon.errors import ConfigError
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 
@@ -27,7 +27,7 @@ def config(name: str) -> dict[str, Any]:
     return data
 
 
-# The seed article's table (shared/domain.md): 8B parameters at 16 bits on each device.
+# The seed article's table (docs/physics.md): 8B parameters at 16 bits on each device.
 SEED_ROWS = [
     ("CPU, dual-channel DDR5-5600", 90, 6),
     ("NVIDIA A10G", 600, 38),
@@ -88,7 +88,7 @@ class TestGPUTable:
         """The seed's six rows are present with the seed's bandwidth and cite the seed."""
         gpu = by_name()[name]
         assert gpu.memory_bandwidth_gb_s == bandwidth
-        assert "seed article table (domain.md)" in gpu.source
+        assert "seed article table (docs/physics.md)" in gpu.source
 
     def test_seed_rows_come_first_in_order(self) -> None:
         """The table opens with the seed's rows in the seed's order."""

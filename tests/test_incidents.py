@@ -1,11 +1,12 @@
-"""Tests for daemon/incidents.py: the state table, walked case by case."""
+"""Tests for daemon/core/incidents.py: the state table, walked case by case."""
 
 from __future__ import annotations
 
 import pytest
 
-from daemon.incidents import IncidentTracker, State
-from daemon.model import Diagnosis, Reason
+from daemon.core import incidents
+from daemon.core.incidents import RULES, Event, IncidentTracker, Rule, State
+from daemon.core.model import Diagnosis, Reason
 
 
 def d(at: float, cause: str | None, model: str = "m") -> Diagnosis:
@@ -86,3 +87,35 @@ class TestTable:
         """Zero evaluations to open or resolve is nonsense and refused."""
         with pytest.raises(ValueError):
             IncidentTracker(open_after=0)
+
+
+class TestTheTable:
+    def test_every_state_and_event_has_exactly_one_rule(self) -> None:
+        """The table is complete: no (state, event) falls through, except ``other`` while
+        nothing is open (a cause is only "other" than an open incident's)."""
+        closed = {State.CLEAR, State.PENDING}
+        want = {(s, e) for s in State for e in Event if not (s in closed and e is Event.OTHER)}
+        assert set(RULES) == want
+
+    def test_the_docstring_prints_the_table_the_code_runs(self) -> None:
+        """Prose and code cannot drift: the module's docstring is rendered from RULES."""
+        assert incidents.render_rules() in (incidents.__doc__ or "")
+        for (state, event), rule in incidents.RULES.items():
+            assert f"{state}" in incidents.render_rules() and f"{event}" in incidents.__doc__
+            if rule.reason is not None:
+                assert str(rule.reason) in incidents.__doc__
+
+    def test_a_changed_table_changes_what_the_tracker_does(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The tracker reads the table: make a clear evaluation resolve at once and it does."""
+        monkeypatch.setitem(
+            RULES,
+            (State.FIRING, Event.CLEAR),
+            Rule(State.CLEAR, "run", "open_after", State.CLEAR, Reason.RESOLVED),
+        )
+        t = IncidentTracker(open_after=1, resolve_after=5)
+        assert walk(t, [K, None]) == [
+            (0.0, "firing", K, "opened"),
+            (1.0, "resolved", K, "resolved"),
+        ]

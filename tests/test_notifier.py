@@ -14,10 +14,11 @@ from typing import Any
 import httpx
 import pytest
 
-from daemon.alerts import GO_ZERO_TIME, fingerprint, go_time
+from daemon.core.alerts import GO_ZERO_TIME, fingerprint, go_time
+from daemon.core.model import Cause, Diagnosis, Reason, Transition
 from daemon.delivery import Delivery
-from daemon.model import Cause, Diagnosis, Reason, Transition
-from daemon.notifier import VALID_FOR_RESENDS, Notifier
+from daemon.notifier import Notifier
+from daemon.receivers import VALID_FOR_RESENDS
 from daemon.settings import Settings, load_settings
 
 EXTERNAL = "http://triage.example:9468"

@@ -1,4 +1,4 @@
-"""Tests for daemon/parse.py: exposition text -> Snapshot, for every vLLM naming era."""
+"""Tests for daemon/core/parse.py: exposition text -> Snapshot, for every vLLM naming era."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from daemon.core.parse import SnapshotParser, parse_snapshot
 from daemon.errors import ParseError
-from daemon.parse import SnapshotParser, parse_snapshot
 
 from conftest import fixture_text, reference_models, snapshot_models
 

@@ -9,7 +9,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from daemon.errors import ScrapeError
-from daemon.record import fetch, record
+from daemon.record import record
+from daemon.scrape import fetch
 
 from conftest import fixture_text
 from localserver import serving

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.evaluate import Evaluation
+from daemon.assemble import build_evaluator
+from daemon.core.evaluate import Evaluation
 from daemon.replay import replay
-from daemon.rulebook import build_evaluator
 from daemon.settings import load_settings
 
 RECORDINGS = Path(__file__).parent / "fixtures" / "recordings"

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from daemon.assemble import build_evaluator
+from daemon.core.evaluate import Evaluation
 from daemon.errors import RecordingError
-from daemon.evaluate import Evaluation
-from daemon.replay import Skipped, recording_files, replay
-from daemon.rulebook import build_evaluator
+from daemon.recording import recording_files
+from daemon.replay import Skipped, replay
 from daemon.settings import load_settings
 from daemon.simulator import record
 

@@ -1,11 +1,11 @@
-"""Tests for daemon/report.py: transitions as text lines and JSON objects."""
+"""Tests for daemon/core/report.py: transitions as text lines and JSON objects."""
 
 from __future__ import annotations
 
 import json
 
-from daemon.model import Diagnosis, Reason, Transition
-from daemon.report import iso, transition_json, transition_text
+from daemon.core.model import Diagnosis, Reason, Transition
+from daemon.core.report import iso, transition_json, transition_text
 
 D = Diagnosis(
     model_name="m",

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.check_cmd import check
+from daemon.commands.check import check
 from daemon.simulator import get_scenario
 
 from clirun import COMMAND, stderr_lines, vllm_triage

@@ -1,4 +1,4 @@
-"""`vllm-triage simulate` (tests for daemon/simulate_cmd.py and daemon/simulator/serve.py).
+"""`vllm-triage simulate` (tests for daemon/commands/simulate.py and daemon/simulator/serve.py).
 
 Run as a user would: the installed command in a subprocess, from a temporary directory,
 with the default rules. The point of the recordings is that the daemon diagnoses each
@@ -19,7 +19,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.parse import parse_snapshot
+from daemon.core.parse import parse_snapshot
 from daemon.simulator import get_scenario
 from daemon.simulator.serve import CONTENT_TYPE, LiveSimulation
 

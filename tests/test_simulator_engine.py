@@ -1,4 +1,7 @@
-"""The simulator's engine obeys the physics of domain.md (tests for daemon/simulator/engine.py)."""
+"""The simulator's engine obeys the physics of docs/physics.md.
+
+Tests for daemon/simulator/engine.py.
+"""
 
 from __future__ import annotations
 
@@ -55,7 +58,7 @@ class TestDecode:
         assert record.inter_token_s[0] == pytest.approx(expected, rel=1e-12)
 
     def test_quantizing_weights_roughly_doubles_the_single_stream_rate(self) -> None:
-        """Half the bytes per token, about twice the tokens per second (domain.md)."""
+        """Half the bytes per token, about twice the tokens per second (docs/physics.md)."""
         int8 = dataclasses.replace(A10G, weight_bytes=A10G.weight_bytes / 2)
         bf16_itl = sum(only(run(A10G, [Arrival(0.0, 16, 101)])).inter_token_s)
         int8_itl = sum(only(run(int8, [Arrival(0.0, 16, 101)])).inter_token_s)

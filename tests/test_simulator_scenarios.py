@@ -2,7 +2,8 @@
 
 The statistics are computed here from the scraped text alone, as the daemon will:
 percentiles from bucket deltas with Prometheus ``histogram_quantile`` semantics, gauges as
-mean and max of the samples in the window, counters as deltas (design.md, "Signals").
+mean and max of the samples in the window, counters as deltas (docs/physics.md, "Signals,
+windows and percentiles").
 """
 
 from __future__ import annotations

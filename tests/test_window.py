@@ -1,4 +1,4 @@
-"""Tests for daemon/window.py: windowed signals over snapshots."""
+"""Tests for daemon/core/window.py: windowed signals over snapshots."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.model import Histogram, KVPool, ModelSeries, Snapshot
-from daemon.window import Window, _sum_steps, _window_deltas
+from daemon.core.model import Histogram, KVPool, ModelSeries, Snapshot
+from daemon.core.window import Window, _sum_steps, _window_deltas
 
 from snapshots import hist, snap
 

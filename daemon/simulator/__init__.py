@@ -1,7 +1,7 @@
 """A deterministic vLLM server simulator in virtual time, for tests and demos.
 
 ``engine`` models continuous batching on a card's compute and bandwidth limits
-(``/work/shared/domain.md``), ``stats`` holds what it counts, ``exposition`` writes
+(``docs/physics.md``), ``stats`` holds what it counts, ``exposition`` writes
 what vLLM's ``/metrics`` would show (V1 or V0 names), ``scenarios`` says what a
 scenario is, ``scenario_files`` reads them from YAML (the bundled ones in
 ``rules/scenarios/``, each producing one diagnosis, or a user's file), ``simulation``

@@ -1,7 +1,7 @@
 """A virtual-time model of one vLLM V1 engine: continuous batching, chunked prefill, KV blocks.
 
 Why a model and not a recording: the daemon's whole claim is the physics of
-``/work/shared/domain.md`` (prefill is compute-bound, decode is bandwidth-bound, the KV
+``docs/physics.md`` (prefill is compute-bound, decode is bandwidth-bound, the KV
 pool is a fixed number of blocks), so its tests need payloads whose numbers *follow* that
 physics under any load we choose, not only the loads someone happened to capture.
 
@@ -43,7 +43,7 @@ SizeDistribution = Literal["uniform", "lognormal"]
 class ServerSpec:
     """One vLLM server: the card's two limits, the model's bytes and FLOPs, vLLM's caps.
 
-    Plain numbers on purpose (see ``daemon.hardware`` for a GPU table): ``weight_bytes`` is
+    Plain numbers on purpose (see ``daemon.ceiling.hardware`` for a GPU table): ``weight_bytes`` is
     what one decode step reads (per GPU under tensor parallelism, active experts only for
     a mixture of experts), ``parameters`` what one token multiplies through.
     """
@@ -96,7 +96,7 @@ class ServerSpec:
 
     @property
     def decode_ceiling_tokens_per_s(self) -> float:
-        """domain.md's single-stream ceiling: bandwidth / weight bytes."""
+        """The single-stream ceiling (docs/physics.md): bandwidth / weight bytes."""
         return self.memory_bandwidth_gb_s * 1e9 / self.weight_bytes
 
 

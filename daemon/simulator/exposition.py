@@ -277,14 +277,8 @@ def _latency_histogram(name: str, help_text: str, data: Callable[[Engine], Histo
 
 
 #: vLLM 0.19.1's families, in the order it writes them (others it has are left out).
-V1_FAMILIES: tuple[_Family, ...] = (
-    _Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", _running),
-    _Gauge("vllm:num_requests_waiting", _WAITING_HELP, _waiting),
-    _Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", _kv),
-    _Counter("vllm:num_preemptions", _PREEMPT_HELP, _preemptions),
-    _Counter("vllm:prompt_tokens", _PROMPT_HELP, _prompt),
-    _Counter("vllm:generation_tokens", _GENERATION_HELP, _generation),
-    _SuccessCounter(),
+#: The request length histograms, the same in both namings.
+_TOKEN_HISTOGRAMS: tuple[_Family, ...] = (
     _Histogram(
         "vllm:request_prompt_tokens",
         _PROMPT_HELP,
@@ -297,6 +291,17 @@ V1_FAMILIES: tuple[_Family, ...] = (
         lambda e: e.stats.request_generation_tokens,
         _token_bounds,
     ),
+)
+
+V1_FAMILIES: tuple[_Family, ...] = (
+    _Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", _running),
+    _Gauge("vllm:num_requests_waiting", _WAITING_HELP, _waiting),
+    _Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", _kv),
+    _Counter("vllm:num_preemptions", _PREEMPT_HELP, _preemptions),
+    _Counter("vllm:prompt_tokens", _PROMPT_HELP, _prompt),
+    _Counter("vllm:generation_tokens", _GENERATION_HELP, _generation),
+    _SuccessCounter(),
+    *_TOKEN_HISTOGRAMS,
     _Histogram(
         "vllm:time_to_first_token_seconds",
         _TTFT_HELP,
@@ -365,18 +370,7 @@ V0_FAMILIES: tuple[_Family, ...] = (
         lambda e: e.stats.e2e,
         _fixed(buckets.E2E_V0),
     ),
-    _Histogram(
-        "vllm:request_prompt_tokens",
-        _PROMPT_HELP,
-        lambda e: e.stats.request_prompt_tokens,
-        _token_bounds,
-    ),
-    _Histogram(
-        "vllm:request_generation_tokens",
-        _GENERATION_HELP,
-        lambda e: e.stats.request_generation_tokens,
-        _token_bounds,
-    ),
+    *_TOKEN_HISTOGRAMS,
     _SuccessCounter(),
 )
 

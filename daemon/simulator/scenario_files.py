@@ -21,12 +21,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from daemon.ceiling.gpus import find_gpu
+from daemon.ceiling.sizing import bytes_per_param
 from daemon.errors import ConfigError
-from daemon.gpus import find_gpu
 from daemon.rules import bundled_path, list_bundled, read_bundled, read_file
 from daemon.simulator.engine import ServerSpec, Workload
 from daemon.simulator.scenarios import LLAMA_8B, Phase, Scenario, server_spec
-from daemon.sizing import bytes_per_param
 
 FOLDER = "scenarios"
 

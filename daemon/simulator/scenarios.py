@@ -1,8 +1,8 @@
 """What a scenario is: a server, a model name and phases of load, back to back from t = 0.
 
 The named scenarios are data, in ``rules/scenarios/*.yaml`` (read by
-``scenario_files``): each makes one cause of ``/work/shared/domain.md`` happen for the
-physical reason the diagnosis names (see ``design.md``, "Diagnosis"), so a test or a
+``scenario_files``): each makes one cause of ``docs/physics.md`` happen for the
+physical reason the diagnosis names (``docs/physics.md``, "The four causes"), so a test or a
 demo can ask for "KV pressure" and get the metrics a real server under KV pressure
 sends, and a user can copy one to write their own. This module holds the types and
 ``server_spec``, which turns a card from ``rules/gpus.yaml`` and a model's size into
@@ -16,9 +16,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from daemon.gpus import find_gpu
+from daemon.ceiling.gpus import find_gpu
+from daemon.ceiling.sizing import bytes_per_param
 from daemon.simulator.engine import ServerSpec, Workload
-from daemon.sizing import bytes_per_param
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -43,7 +43,7 @@ def server_spec(
     The card's bandwidth and dense bf16 compute come from the table the diagnosis uses
     too (one source of truth); ``memory_bandwidth_gb_s`` / ``compute_tflops`` replace
     them, and with both given ``gpu`` is only a label (a card the table lacks). Every
-    weight is read per decode step: ``parameters x bytes per weight`` (domain.md);
+    weight is read per decode step: ``parameters x bytes per weight`` (docs/physics.md);
     ``caps`` are ``ServerSpec``'s other fields (``max_num_seqs``, ``block_size``, ...).
     Raises ``ConfigError`` for an unknown card or dtype, ``ValueError`` for numbers vLLM
     would refuse.
@@ -88,7 +88,7 @@ def llama_8b(
     gpu_memory_utilization: float = 0.9,
 ) -> ServerSpec:
     """Llama-3.1-8B at bf16 on a card from rules/gpus.yaml: 8.03e9 parameters at 2 bytes;
-    KV per token 2 x 32 layers x 8 KV heads x 128 head_dim x 2 bytes = 131,072 (domain.md)."""
+    KV per token 2 x 32 layers x 8 KV heads x 128 head_dim x 2 bytes = 131,072 (docs/physics.md)."""
     return server_spec(
         gpu,
         num_gpu_blocks=num_gpu_blocks,

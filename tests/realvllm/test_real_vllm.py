@@ -26,9 +26,9 @@ from realvllm import loadgen
 from realvllm.server import Server, ServerFlags, running_vllm, vllm_python, wait_idle
 from realvllm.trim import save_trimmed
 
-from daemon.evaluate import Evaluation
+from daemon.assemble import build_evaluator
+from daemon.core.evaluate import Evaluation
 from daemon.replay import replay
-from daemon.rulebook import build_evaluator
 from daemon.settings import load_settings
 
 from clirun import COMMAND

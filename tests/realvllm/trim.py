@@ -10,7 +10,7 @@ from pathlib import Path
 
 from realvllm.server import ServerFlags, vllm_python
 
-from daemon.names import SAMPLES
+from daemon.core.names import SAMPLES
 
 
 def _families() -> set[str]:

@@ -1,0 +1,102 @@
+"""Settings -> the core's inputs: resolve the GPU name, read config.json, load remediation.
+
+This is the one place that turns validated user settings (pydantic, ``daemon.settings``)
+into the core's plain dataclasses (``daemon.core.rulebook``); it reads files, so it runs
+once at start-up (in the shell), and the core only ever sees the result.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from daemon.ceiling.gpus import find_gpu
+from daemon.ceiling.resolve import build_ceiling, model_size
+from daemon.ceiling.sizing import ModelSize
+from daemon.core.evaluate import Evaluator
+from daemon.core.model import CAUSES, Cause
+from daemon.core.rulebook import Ceiling, Rulebook, Slo, Thresholds
+from daemon.errors import ConfigError
+from daemon.rules import read_bundled
+from daemon.settings import Settings
+
+
+@functools.cache
+def load_remediation() -> dict[Cause, tuple[str, ...]]:
+    """The remediation texts; cached, like the GPU table (``gpus.load_gpu_table``), because
+    they are immutable package data and every target's rulebook reads them: a daemon
+    with 250 targets spent seconds of start-up re-parsing this YAML."""
+    data = read_bundled("remediation.yaml")
+    if not isinstance(data, dict):
+        raise ConfigError("rules/remediation.yaml: expected a mapping of cause to a list")
+    out: dict[Cause, tuple[str, ...]] = {}
+    for cause in CAUSES:
+        items = data.get(cause)
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ConfigError(f"rules/remediation.yaml: {cause}: expected a list of strings")
+        out[cause] = tuple(items)
+    return out
+
+
+def settings_model_size(settings: Settings) -> ModelSize | None:
+    m = settings.model
+    return model_size(
+        parameters_billion=m.parameters_billion,
+        config_json=m.config_json,
+        # A config.json names its own dtype; ``m.dtype`` (default float16) is for a count.
+        dtype=None if m.config_json is not None else m.dtype,
+        kv_cache_dtype=m.kv_cache_dtype,
+    )
+
+
+def ceiling(settings: Settings) -> Ceiling | None:
+    """The decode ceiling, when both the hardware and the model size are known."""
+    hw = settings.hardware
+    name: str | None = None
+    bandwidth = hw.memory_bandwidth_gb_s
+    if hw.gpu is not None:
+        gpu = find_gpu(hw.gpu)
+        name = gpu.name
+        bandwidth = bandwidth or gpu.memory_bandwidth_gb_s
+    size = settings_model_size(settings)
+    if bandwidth is None or size is None:
+        return None
+    return build_ceiling(
+        name,
+        bandwidth,
+        size.weight_bytes_per_token,
+        tensor_parallel_size=hw.tensor_parallel_size,
+        achievable_fraction=hw.achievable_fraction,
+    )
+
+
+def build_rulebook(settings: Settings) -> Rulebook:
+    slo, th = settings.slo, settings.thresholds
+    return Rulebook(
+        slo=Slo(
+            ttft_p99_seconds=slo.ttft_p99_seconds,
+            itl_p99_seconds=slo.itl_p99_seconds,
+            waiting_requests=slo.waiting_requests,
+        ),
+        thresholds=Thresholds(
+            min_observations=th.min_observations,
+            kv_headroom_requests=th.kv_headroom_requests,
+            kv_usage_full=th.kv_usage_full,
+            queue_share_of_ttft=th.queue_share_of_ttft,
+            prefill_dominant_share=th.prefill_dominant_share,
+            itl_spike_ratio=th.itl_spike_ratio,
+            near_ceiling_ratio=th.near_ceiling_ratio,
+        ),
+        remediation=load_remediation(),
+        ceiling=ceiling(settings),
+    )
+
+
+def build_evaluator(settings: Settings, rulebook: Rulebook | None = None) -> Evaluator:
+    """A fresh core for one target, configured from the settings (and ``rulebook``, when
+    the caller already resolved one, as the demo does with each scenario's hardware)."""
+    return Evaluator(
+        rulebook or build_rulebook(settings),
+        window_seconds=settings.window_seconds,
+        open_after=settings.incident.open_after,
+        resolve_after=settings.incident.resolve_after,
+    )

@@ -1,0 +1,72 @@
+"""From what the user says about a model and a card to the core's ``Ceiling``: one place.
+
+Both the daemon's settings (``daemon.assemble``) and ``vllm-triage ceiling`` describe a
+model either by its parameter count and dtype or by its ``config.json``; the demo
+describes a simulated card by its bandwidth. Each goes through here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from daemon.ceiling.hardware import decode_ceiling_tokens_per_s
+from daemon.ceiling.sizing import (
+    ModelSize,
+    model_size_from_config,
+    model_size_from_parameters,
+    read_config_json,
+)
+from daemon.core.rulebook import Ceiling
+from daemon.errors import ConfigError
+
+
+def model_size(
+    *,
+    parameters_billion: float | None,
+    config_json: str | Path | None,
+    dtype: str | None,
+    kv_cache_dtype: str | None = None,
+) -> ModelSize | None:
+    """The model's size from its ``config.json`` or from a parameter count (at most one).
+
+    With ``config_json`` the weight dtype comes from the config unless ``dtype`` names
+    one; with a parameter count it is ``dtype`` (float16 when not given) and
+    ``kv_cache_dtype`` has no layout to apply to. ``None`` when neither is given. Errors
+    name the user's file.
+    """
+    if parameters_billion is not None and config_json is not None:
+        raise ConfigError("give a parameter count or a config.json, not both")
+    if config_json is not None:
+        config = read_config_json(config_json)
+        try:
+            return model_size_from_config(config, dtype=dtype, kv_cache_dtype=kv_cache_dtype)
+        except ConfigError as exc:  # name the user's file, not a generic "config.json"
+            raise ConfigError(f"{config_json}: {str(exc).removeprefix('config.json: ')}") from exc
+    if parameters_billion is not None:
+        return model_size_from_parameters(parameters_billion, dtype or "float16")
+    return None
+
+
+def build_ceiling(
+    name: str | None,
+    memory_bandwidth_gb_s: float,
+    weight_bytes_per_token: float,
+    *,
+    tensor_parallel_size: int = 1,
+    achievable_fraction: float = 1.0,
+) -> Ceiling:
+    """The core's ``Ceiling`` for a card (named, or known only by its bandwidth)."""
+    label = name or f"{memory_bandwidth_gb_s:g} GB/s"
+    if tensor_parallel_size > 1:
+        label = f"{tensor_parallel_size}x {label}"
+    return Ceiling(
+        gpu=label,
+        memory_bandwidth_gb_s=memory_bandwidth_gb_s,
+        weight_bytes_per_token=weight_bytes_per_token,
+        tokens_per_second=decode_ceiling_tokens_per_s(
+            memory_bandwidth_gb_s,
+            weight_bytes_per_token,
+            tensor_parallel_size=tensor_parallel_size,
+            achievable_fraction=achievable_fraction,
+        ),
+    )

@@ -1,0 +1,49 @@
+"""Argument types for the command line: a bad value is refused by argparse with the
+flag's name and a reason, before anything starts."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import TypeVar
+
+N = TypeVar("N", int, float)
+
+
+def _checked(
+    text: str, convert: Callable[[str], N], what: str, ok: Callable[[N], bool], want: str
+) -> N:
+    """``text`` converted, or an argparse error saying what it is not or what it must be."""
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {want}, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    return _checked(text, float, "a number", lambda v: 0 < v < math.inf, "a positive number")
+
+
+def positive_int(text: str) -> int:
+    return _checked(text, int, "a whole number", lambda v: v >= 1, "at least 1")
+
+
+def fraction(text: str) -> float:
+    """A share in (0, 1]."""
+    return _checked(text, float, "a number", lambda v: 0 < v <= 1, "in (0, 1]")
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0 to 65535 (0: any free port, reported once listening)."""
+    return _checked(text, int, "a port number", lambda v: 0 <= v <= 65535, "0 to 65535")
+
+
+def unix_time(text: str) -> float:
+    """Seconds since 1970-01-01 UTC, 0 or later."""
+    return _checked(
+        text, float, "a number", lambda v: 0 <= v < math.inf, "a unix time in seconds (>= 0)"
+    )

@@ -1,0 +1,40 @@
+"""``vllm-triage check-config``: validate settings and print what is in force."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "check-config",
+        help="validate settings and print the effective values",
+        description=(
+            "Load rules/defaults.yaml, --config FILE and VLLM_TRIAGE_* variables; "
+            "print the result as JSON, or the errors."
+        ),
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML settings file")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from daemon.assemble import build_rulebook
+    from daemon.settings import load_settings
+
+    settings = load_settings(args.config)
+    # Building the rulebooks resolves each GPU name and reads each config.json too.
+    rulebooks = [("default", build_rulebook(settings))] + [
+        (f"target {t.name}", build_rulebook(settings.for_target(t))) for t in settings.targets
+    ]
+    print(settings.model_dump_json(indent=2))  # secrets print as **********
+    for who, rulebook in rulebooks:
+        c = rulebook.ceiling
+        line = (
+            "unknown (set hardware and model)"
+            if c is None
+            else (f"{c.tokens_per_second:.1f} tok/s per stream on {c.gpu}")
+        )
+        print(f"decode ceiling, {who}: {line}", file=sys.stderr)
+    return 0

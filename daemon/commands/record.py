@@ -1,0 +1,64 @@
+"""``vllm-triage record URL --out DIR``: save each scrape's raw body for ``replay``."""
+
+from __future__ import annotations
+
+import argparse
+
+from daemon.commands.argtypes import positive_float, positive_int
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "record",
+        help="save a target's /metrics, one file per scrape, for replay",
+        description=(
+            "Scrape URL every --interval seconds and write each raw body to "
+            "DIR/<unix_time_ms>.prom. A failed scrape is logged and skipped; the "
+            "recording goes on. Without --duration it runs until Ctrl-C."
+        ),
+    )
+    p.add_argument("url", help="the vLLM server's metrics URL, e.g. http://127.0.0.1:8000/metrics")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write into (created)")
+    p.add_argument(
+        "--interval",
+        type=positive_float,
+        default=5.0,
+        metavar="S",
+        help="seconds between scrapes (default 5)",
+    )
+    p.add_argument(
+        "--duration",
+        type=positive_float,
+        default=None,
+        metavar="S",
+        help="stop after S seconds (default: until Ctrl-C)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=None,
+        metavar="S",
+        help="per-scrape timeout (default: the interval, at most 10 s)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=positive_int,
+        default=16 * 1024 * 1024,
+        metavar="N",
+        help="refuse bodies larger than this (default 16 MiB)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from daemon.record import record
+
+    stats = record(
+        args.url,
+        args.out,
+        interval=args.interval,
+        duration=args.duration,
+        timeout=args.timeout,
+        max_body_bytes=args.max_body_bytes,
+    )
+    return 0 if stats.written else 1

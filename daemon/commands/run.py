@@ -1,0 +1,108 @@
+"""``vllm-triage run``: the daemon's command line. Flags beat VLLM_TRIAGE_* beat --config."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from typing import Any
+from urllib.parse import urlsplit
+
+from daemon.commands.argtypes import positive_float
+
+DESCRIPTION = """\
+Watch one or more vLLM servers: scrape each /metrics every interval, diagnose why
+latency is bad (prefill-bound, decode-bound, queue-bound, KV pressure), serve the
+derived metrics for Prometheus and Grafana, and send alert webhooks with the diagnosis.
+
+Settings come from rules/defaults.yaml, then --config FILE, then VLLM_TRIAGE_* variables
+(nested keys with __, lists as JSON), then these flags. The keys beside the SLOs and
+thresholds: listen, interval_seconds, scrape_timeout_seconds, max_body_bytes,
+shutdown_grace_seconds, targets, receivers, alerting. See README.md, "Run it".
+
+Endpoints: /metrics, /healthz, /readyz, /api/v1/diagnoses. SIGTERM or Ctrl-C stops it,
+delivering pending notifications first (for at most shutdown_grace_seconds).
+"""
+
+EXAMPLE = """\
+example:
+  vllm-triage run --target local=http://127.0.0.1:8000/metrics \\
+      --webhook http://127.0.0.1:9000/hook --listen 127.0.0.1:9468
+"""
+
+
+def target_arg(text: str) -> dict[str, str]:
+    """``NAME=URL`` or a bare URL (named after its host and port)."""
+    name, sep, url = text.partition("=")
+    if not sep or "://" in name:
+        name, url = "", text
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"expected [NAME=]http://host:port/metrics, got {text!r}")
+    return {"name": name or parts.netloc, "url": url}
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run",
+        help="the daemon: scrape targets, diagnose, export metrics, send alerts",
+        description=DESCRIPTION,
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML settings file")
+    p.add_argument(
+        "--listen", metavar="HOST:PORT", help="where to serve /metrics and the API (0.0.0.0:9468)"
+    )
+    p.add_argument(
+        "--interval", type=positive_float, metavar="S", help="seconds between scrapes (5)"
+    )
+    p.add_argument(
+        "--target",
+        action="append",
+        type=target_arg,
+        metavar="[NAME=]URL",
+        help="a vLLM /metrics URL to watch (repeatable; replaces the file's targets)",
+    )
+    p.add_argument(
+        "--webhook",
+        action="append",
+        metavar="URL",
+        help="an Alertmanager-format webhook receiver (repeatable; replaces the file's receivers)",
+    )
+    p.set_defaults(func=run)
+
+
+def flags(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if args.listen is not None:
+        out["listen"] = args.listen
+    if args.interval is not None:
+        out["interval_seconds"] = args.interval
+    if args.target:
+        out["targets"] = args.target
+    if args.webhook:
+        out["receivers"] = [
+            {"type": "alertmanager_webhook", "url": url, "name": f"webhook-{i}"}
+            for i, url in enumerate(args.webhook)
+        ]
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from daemon.errors import ConfigError
+    from daemon.service import Daemon
+    from daemon.settings import load_settings
+
+    settings = load_settings(args.config, flags(args))
+    if not settings.targets and settings.source == "scrape":
+        raise ConfigError(
+            "no targets: give --target URL, or `targets:` in the --config file "
+            "(e.g. targets: [{name: vllm, url: http://127.0.0.1:8000/metrics}]), or "
+            "`source: prometheus` with a `prometheus: {url: ...}` section (fleet mode)"
+        )
+    try:
+        daemon = Daemon(settings)
+    except OSError as exc:
+        raise ConfigError(f"listen: cannot listen on {settings.listen}: {exc}") from None
+    asyncio.run(daemon.run(handle_signals=True))
+    return 0

@@ -1,0 +1,12 @@
+"""The pure core: exposition text in, diagnoses and incident transitions out.
+
+    parse ─► Snapshot ─► window ─► Signals ─► diagnose ─► Diagnosis ─► incidents ─► Transition
+                                                                                      │
+                                            alerts (payloads) ◄── report (text, JSON) ┘
+
+``evaluate.Evaluator.step`` is the one entry point. Nothing here reads a clock, touches
+the network or keeps global state, and nothing here imports anything outside this package
+except ``daemon.errors`` (``tests/test_core_imports.py`` checks it): every snapshot carries
+its own time, so a recording replays exactly as it ran. ``docs/architecture.md`` draws the
+whole tree.
+"""

@@ -1,0 +1,232 @@
+"""Incident transitions as alerts, and alerts as the payloads receivers expect.
+
+Pure: every time comes from the transition (or from the caller), so the same incident
+always gives the same bytes. The shapes are Alertmanager's, so anything built for
+Alertmanager works unchanged:
+
+- ``webhook_payload``: the webhook body Alertmanager 0.25+ POSTs (``version: "4"``),
+  field for field as in ``tests/fixtures/alertmanager/``;
+- ``postable_alerts``: the body of ``POST /api/v2/alerts`` (what Prometheus pushes);
+- ``slack_payload``: a readable message for a Slack-compatible incoming webhook.
+
+One alert identity per (target, model, diagnosis): its labels are ``alertname`` (one per
+cause, so Alertmanager's default grouping by ``alertname`` groups by cause),
+``severity``, ``target``, ``model_name`` and ``diagnosis``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+from urllib.parse import quote
+
+from daemon.core.model import Cause, Diagnosis, Transition
+
+ALERTNAMES: dict[Cause, str] = {
+    "kv_pressure": "VllmKvPressure",
+    "queue_bound": "VllmQueueBound",
+    "prefill_bound": "VllmPrefillBound",
+    "decode_bound": "VllmDecodeBound",
+}
+#: What Alertmanager writes as the ``endsAt`` of an alert that is still firing.
+GO_ZERO_TIME = "0001-01-01T00:00:00Z"
+
+_FNV_OFFSET = 14695981039346656037
+_FNV_PRIME = 1099511628211
+_MASK = (1 << 64) - 1
+_SEPARATOR = 0xFF
+
+
+def fingerprint(labels: Mapping[str, str]) -> str:
+    """Alertmanager's ``model.LabelSet.Fingerprint``: FNV-1a 64 over the sorted label
+    names and values, each followed by the byte 0xff, as 16 hex digits."""
+    h = _FNV_OFFSET
+    for name in sorted(labels):
+        for part in (name, labels[name]):
+            for byte in part.encode("utf-8"):
+                h = ((h ^ byte) * _FNV_PRIME) & _MASK
+            h = ((h ^ _SEPARATOR) * _FNV_PRIME) & _MASK
+    return f"{h:016x}"
+
+
+def go_time(at: float) -> str:
+    """``at`` as Go's ``time.RFC3339Nano`` in UTC (how Alertmanager writes times):
+    the fraction of a second trimmed of trailing zeros, none when whole."""
+    micros = round(at * 1_000_000)
+    seconds, frac = divmod(micros, 1_000_000)
+    text = datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    if frac:
+        text += "." + f"{frac:06d}".rstrip("0")
+    return text + "Z"
+
+
+def label_set_string(labels: Mapping[str, str]) -> str:
+    """Alertmanager's ``LabelSet.String()``: ``{a="x", b="y"}``, sorted."""
+    return (
+        "{"
+        + ", ".join(f"{k}={json.dumps(labels[k], ensure_ascii=False)}" for k in sorted(labels))
+        + "}"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One alert identity's state, as Alertmanager models an alert."""
+
+    status: Literal["firing", "resolved"]
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    starts_at: float
+    ends_at: float | None  # None while firing
+    generator_url: str
+
+    @property
+    def key(self) -> str:
+        return fingerprint(self.labels)
+
+    def resolved(self, at: float) -> Alert:
+        return dataclasses.replace(self, status="resolved", ends_at=at)
+
+    def as_webhook(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            # Alertmanager (Go's encoding/json) writes map keys sorted.
+            "labels": _sorted(self.labels),
+            "annotations": _sorted(self.annotations),
+            "startsAt": go_time(self.starts_at),
+            "endsAt": GO_ZERO_TIME if self.ends_at is None else go_time(self.ends_at),
+            "generatorURL": self.generator_url,
+            "fingerprint": self.key,
+        }
+
+
+def _format_number(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def evidence_text(d: Diagnosis) -> str:
+    """The evidence as one line of ``key=value`` pairs, in the order it was gathered."""
+    parts = []
+    for key, value in d.evidence.items():
+        if value is None:
+            continue
+        shown = _format_number(value) if isinstance(value, float) else str(value)
+        parts.append(f"{key}={shown}")
+    return ", ".join(parts)
+
+
+def alert_labels(target: str, model_name: str, cause: Cause, severity: str) -> dict[str, str]:
+    return {
+        "alertname": ALERTNAMES[cause],
+        "severity": severity,
+        "target": target,
+        "model_name": model_name,
+        "diagnosis": cause,
+    }
+
+
+def generator_url(external_url: str, target: str) -> str:
+    return f"{external_url.rstrip('/')}/api/v1/diagnoses?target={quote(target, safe='')}"
+
+
+def firing_alert(t: Transition, *, target: str, severity: str, external_url: str) -> Alert:
+    """The alert a ``firing`` transition opens, annotated with its diagnosis."""
+    d = t.diagnosis
+    model = t.model_name or "(no model_name)"
+    summary = f"{t.cause} on {target} ({model}): {d.summary}" if d.summary else t.cause
+    annotations = {
+        "summary": summary.splitlines()[0] if summary else t.cause,
+        "description": d.summary,
+        "evidence": evidence_text(d),
+        "remediation": "\n".join(f"- {item}" for item in d.remediation),
+        "confidence": f"{d.confidence:.2f}",
+        "breaches": ", ".join(d.breaches),
+    }
+    if d.secondary:
+        annotations["secondary"] = ", ".join(d.secondary)
+    return Alert(
+        status="firing",
+        labels=alert_labels(target, t.model_name, t.cause, severity),
+        annotations=annotations,
+        starts_at=t.started_at,
+        ends_at=None,
+        generator_url=generator_url(external_url, target),
+    )
+
+
+def _sorted(labels: Mapping[str, str]) -> dict[str, str]:
+    return dict(sorted(labels.items()))
+
+
+def _common(maps: Sequence[Mapping[str, str]]) -> dict[str, str]:
+    if not maps:
+        return {}
+    first = maps[0]
+    return _sorted({k: v for k, v in first.items() if all(m.get(k) == v for m in maps[1:])})
+
+
+#: Alertmanager's default route groups by ``alertname``; we group by identity, so that a
+#: receiver that keys on ``groupKey`` sees one group per (target, model, diagnosis).
+GROUP_BY = ("alertname", "target", "model_name")
+
+
+def webhook_payload(receiver: str, alerts: Sequence[Alert], external_url: str) -> dict[str, Any]:
+    """Alertmanager's webhook body, version 4, for one group of ``alerts``."""
+    if not alerts:
+        raise ValueError("a notification needs at least one alert")
+    group = _sorted({k: alerts[0].labels[k] for k in GROUP_BY if k in alerts[0].labels})
+    status = "firing" if any(a.status == "firing" for a in alerts) else "resolved"
+    return {
+        "receiver": receiver,
+        "status": status,
+        "alerts": [a.as_webhook() for a in alerts],
+        "groupLabels": group,
+        "commonLabels": _common([a.labels for a in alerts]),
+        "commonAnnotations": _common([a.annotations for a in alerts]),
+        "externalURL": external_url,
+        "version": "4",
+        "groupKey": "{}:" + label_set_string(group),
+        "truncatedAlerts": 0,
+    }
+
+
+def postable_alerts(
+    alerts: Sequence[Alert], *, now: float, valid_for: float
+) -> list[dict[str, Any]]:
+    """``POST /api/v2/alerts`` body. A firing alert is valid until ``now + valid_for``
+    (as Prometheus does: if we stop re-sending, Alertmanager resolves it then)."""
+    return [
+        {
+            "labels": dict(a.labels),
+            "annotations": dict(a.annotations),
+            "startsAt": go_time(a.starts_at),
+            "endsAt": go_time(now + valid_for if a.ends_at is None else a.ends_at),
+            "generatorURL": a.generator_url,
+        }
+        for a in alerts
+    ]
+
+
+def slack_payload(alert: Alert) -> dict[str, Any]:
+    """A message for a Slack-compatible incoming webhook (Slack, Mattermost, Rocket.Chat)."""
+    labels, notes = alert.labels, alert.annotations
+    where = f"`{labels.get('target', '?')}` / `{labels.get('model_name') or '(no model_name)'}`"
+    if alert.status == "resolved":
+        lasted = (alert.ends_at or alert.starts_at) - alert.starts_at
+        text = (
+            f":white_check_mark: *RESOLVED* {labels['diagnosis']} on {where} after {lasted:.0f} s"
+        )
+        return {"text": text}
+    lines = [
+        f":rotating_light: *FIRING* {labels['diagnosis']} on {where} "
+        f"(confidence {notes.get('confidence', '?')})",
+        notes.get("description", ""),
+        f"*Evidence:* {notes.get('evidence', '')}",
+    ]
+    if notes.get("remediation"):
+        lines.append("*Fix:*\n" + notes["remediation"])
+    return {"text": "\n".join(line for line in lines if line)}

@@ -1,0 +1,367 @@
+"""Signals -> Diagnosis: which SLO is breached, and why, following the physics.
+
+Symptoms (what the user feels) are checked against the SLO: TTFT p99, ITL p99, sustained
+waiting, and preemptions while the KV cache is tight. The *cause* is then chosen in causal
+order (``docs/physics.md``, "The four causes"): KV pressure makes requests wait, waiting
+inflates TTFT, and a long prefill stalls every decoding stream, so an earlier cause
+explains a later symptom and wins:
+
+1. ``kv_pressure``: requests wait or are preempted while the pool has room for less than
+   one more request of the current average size (headroom counted in requests, not a
+   fixed usage cut-off: in a small pool long requests leave it "full" well below 90 %).
+2. ``queue_bound``: requests wait while the pool has room (a sequence or batch cap), or
+   queue time is most of TTFT.
+3. ``prefill_bound``: TTFT breached with the queue not to blame; or ITL breached while
+   most engine time goes to prefill (prefill interference: the prompts, not decode).
+4. ``decode_bound``: ITL breached, split by the decode-ceiling ratio into "at the
+   hardware limit" and "below it: the serving stack".
+
+Pure: the same ``Signals`` and ``Rulebook`` always give the same ``Diagnosis``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from daemon.core.model import CAUSES, Cause, Diagnosis, Quantile, Signals
+from daemon.core.rulebook import Rulebook, Thresholds
+
+
+def _value(q: Quantile | None) -> float | None:
+    return q.value if q is not None else None
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    """The derived numbers every cause is judged on; computed once per evaluation."""
+
+    ttft_breach: bool
+    itl_breach: bool
+    waiting: float
+    waiting_sustained: bool
+    preempting: bool
+    kv_headroom_requests: float | None
+    kv_tight: bool | None
+    queue_share: float | None
+    prefill_share: float | None
+    itl_spread: float | None
+    prompts: bool
+    ceiling_ratio: float | None
+
+
+def request_footprint_tokens(s: Signals) -> float | None:
+    """KV tokens one more request will need: what finished requests grew to (prompt plus
+    generated tokens), else what running requests hold now.
+
+    Requests grow while they decode, and vLLM preempts when a growing request finds no free
+    block; so "room for one more" must be judged against a request's final size, not the
+    average size of requests that are still growing (seen on a real vLLM: waiting at 50 %
+    usage with 1,500-token requests in a 2,048-token pool).
+    """
+    if s.mean_prompt_tokens is not None and s.mean_generation_tokens is not None:
+        return s.mean_prompt_tokens + s.mean_generation_tokens
+    if s.kv_pool_tokens and s.kv_usage_mean is not None and s.running_mean:
+        return s.kv_usage_mean * s.kv_pool_tokens / s.running_mean
+    return None
+
+
+def _kv_headroom_requests(s: Signals) -> float | None:
+    """Free KV tokens at the window's fullest moment, counted in requests
+    (``docs/physics.md``, "The four causes").
+
+    The fullest moment, not the mean: a window that starts idle averages a full pool down
+    to half, while the requests that waited did so when it was full.
+    """
+    footprint = request_footprint_tokens(s)
+    usage = s.kv_usage_max if s.kv_usage_max is not None else s.kv_usage_mean
+    if not s.kv_pool_tokens or usage is None or not footprint or footprint <= 0:
+        return None
+    return (1.0 - usage) * s.kv_pool_tokens / footprint
+
+
+def _queue_share(s: Signals) -> float | None:
+    """Mean queue time over mean TTFT, when the two describe comparable requests.
+
+    vLLM V1 observes TTFT at a request's first token but queue time when it finishes, so
+    early in a burst the window holds many TTFTs and few queue times (seen on a real
+    vLLM: "queue time 0 % of TTFT" with twelve requests waiting). The share is only
+    taken when the queue times cover at least half as many requests as the TTFTs.
+    """
+    if s.queue_time_count < max(1.0, 0.5 * s.ttft_count):
+        return None
+    return _ratio(s.queue_time_mean, s.ttft_mean)
+
+
+def _facts(s: Signals, rules: Rulebook) -> _Facts:
+    slo, th = rules.slo, rules.thresholds
+    ttft, itl = _value(s.ttft_p99), _value(s.itl_p99)
+    waiting = s.waiting_mean or 0.0
+    headroom = _kv_headroom_requests(s)
+    kv_tight: bool | None
+    if headroom is not None:
+        kv_tight = headroom < th.kv_headroom_requests
+    elif s.kv_usage_max is not None:
+        kv_tight = s.kv_usage_max >= th.kv_usage_full
+    else:
+        kv_tight = None
+    ratio = None
+    if rules.ceiling is not None and s.decode_tokens_per_second_per_stream is not None:
+        ratio = s.decode_tokens_per_second_per_stream / rules.ceiling.tokens_per_second
+    return _Facts(
+        ttft_breach=ttft is not None and ttft > slo.ttft_p99_seconds,
+        itl_breach=itl is not None and itl > slo.itl_p99_seconds,
+        waiting=waiting,
+        waiting_sustained=waiting >= slo.waiting_requests,
+        preempting=(s.preemptions_per_second or 0.0) > 0.0,
+        kv_headroom_requests=headroom,
+        kv_tight=kv_tight,
+        queue_share=_queue_share(s),
+        prefill_share=s.prefill_time_share,
+        itl_spread=_ratio(itl, _value(s.itl_p50)),
+        prompts=(s.prompt_tokens_per_second or 0.0) > 0.0,
+        ceiling_ratio=ratio,
+    )
+
+
+def _breaches(f: _Facts) -> tuple[str, ...]:
+    out = []
+    if f.ttft_breach:
+        out.append("ttft_p99")
+    if f.itl_breach:
+        out.append("itl_p99")
+    if f.waiting_sustained:
+        out.append("waiting")
+    if f.preempting and f.kv_tight is not False:
+        out.append("kv_preemptions")
+    return tuple(out)
+
+
+def _checks(cause: Cause, f: _Facts, th: Thresholds) -> list[bool | None]:
+    """The independent signals that support a cause; ``None`` where the data is missing.
+
+    A cause is a candidate when its deciding check (the first one) holds; the fraction of
+    its checks that hold is its confidence (a missing one counts half).
+
+    Requests also wait when the engine is saturated by prefill work (a flood of long
+    prompts uses the whole per-step token budget): that backlog is prefill-bound, not a
+    sequence cap, so ``queue_bound`` gives way when prefill dominates engine time.
+    """
+    queue_dominant = None if f.queue_share is None else f.queue_share >= th.queue_share_of_ttft
+    prefill_dominant = (
+        None if f.prefill_share is None else f.prefill_share >= th.prefill_dominant_share
+    )
+    room = None if f.kv_tight is None else not f.kv_tight
+    if cause == "kv_pressure":
+        return [
+            f.preempting or ((f.waiting > 0) and f.kv_tight is True),
+            f.kv_tight,
+            f.preempting,
+            f.waiting > 0,
+        ]
+    if cause == "queue_bound":
+        return [
+            (f.waiting_sustained or (f.ttft_breach and queue_dominant is True))
+            and room is not False
+            and prefill_dominant is not True,
+            room,
+            f.waiting_sustained,
+            queue_dominant,
+            None if prefill_dominant is None else not prefill_dominant,
+        ]
+    spiky = None if f.itl_spread is None else f.itl_spread >= th.itl_spike_ratio
+    interference = f.itl_breach and (prefill_dominant is True or (spiky is True and f.prompts))
+    if cause == "prefill_bound":
+        # TTFT is prefill's when nobody waits steadily (the queue is not to blame), or
+        # when prefill is what the engine spends its time on (a prefill backlog).
+        ttft_side = f.ttft_breach and (
+            prefill_dominant is True or (not f.waiting_sustained and queue_dominant is not True)
+        )
+        backlog = f.waiting_sustained and prefill_dominant is True and room is not False
+        return [
+            ttft_side or backlog or interference,
+            prefill_dominant,
+            None if f.queue_share is None else not queue_dominant or prefill_dominant,
+            spiky if f.itl_breach else None,
+        ]
+    # decode_bound: every token slow (p50 near p99), the engine busy decoding
+    return [
+        f.itl_breach and not interference,
+        None if prefill_dominant is None else not prefill_dominant,
+        None if spiky is None else not spiky,
+        not f.waiting_sustained,
+    ]
+
+
+def _confidence(checks: list[bool | None]) -> float:
+    score = sum(1.0 if c is True else 0.5 if c is None else 0.0 for c in checks)
+    return round(score / len(checks), 2)
+
+
+def _evidence(s: Signals, f: _Facts, rules: Rulebook) -> dict[str, float | int | str | bool | None]:
+    ev: dict[str, float | int | str | bool | None] = {
+        "window_seconds": s.span_seconds,
+        "ttft_p99_seconds": _value(s.ttft_p99),
+        "ttft_p99_position": s.ttft_p99.position if s.ttft_p99 else None,
+        "ttft_p99_slo_seconds": rules.slo.ttft_p99_seconds,
+        "ttft_mean_seconds": s.ttft_mean,
+        "itl_p50_seconds": _value(s.itl_p50),
+        "itl_p99_seconds": _value(s.itl_p99),
+        "itl_p99_position": s.itl_p99.position if s.itl_p99 else None,
+        "itl_p99_slo_seconds": rules.slo.itl_p99_seconds,
+        "itl_mean_seconds": s.itl_mean,
+        "requests_waiting_mean": s.waiting_mean,
+        "requests_waiting_max": s.waiting_max,
+        "requests_waiting_min": s.waiting_min,
+        "requests_running_mean": s.running_mean,
+        "kv_usage_mean": s.kv_usage_mean,
+        "kv_usage_max": s.kv_usage_max,
+        "kv_pool_tokens": s.kv_pool_tokens,
+        "kv_headroom_requests": f.kv_headroom_requests,
+        "preemptions_per_second": s.preemptions_per_second,
+        "queue_time_mean_seconds": s.queue_time_mean,
+        "queue_share_of_ttft": f.queue_share,
+        "itl_p99_over_p50": f.itl_spread,
+        "prefill_time_mean_seconds": s.prefill_time_mean,
+        "prefill_time_share": f.prefill_share,
+        "mean_prompt_tokens": s.mean_prompt_tokens,
+        "mean_generation_tokens": s.mean_generation_tokens,
+        "kv_request_footprint_tokens": request_footprint_tokens(s),
+        "prompt_tokens_per_second": s.prompt_tokens_per_second,
+        "generation_tokens_per_second": s.generation_tokens_per_second,
+        "decode_tokens_per_second_per_stream": s.decode_tokens_per_second_per_stream,
+    }
+    if rules.ceiling is not None:
+        ev["gpu"] = rules.ceiling.gpu
+        ev["decode_ceiling_tokens_per_second"] = rules.ceiling.tokens_per_second
+        ev["decode_ceiling_ratio"] = f.ceiling_ratio
+    # A NaN from a broken target must not reach JSON output or a webhook as "NaN".
+    return {
+        k: (float(f"{v:.6g}") if isinstance(v, float) else v)
+        for k, v in ev.items()
+        if v is not None and not (isinstance(v, float) and not math.isfinite(v))
+    }
+
+
+def _fmt(x: float | None, unit: str = "", digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}g}{unit}"
+
+
+def _summary(cause: Cause, s: Signals, f: _Facts, rules: Rulebook) -> tuple[str, str | None]:
+    """One line a person can act on, and (for decode) which limit was hit."""
+    slo = rules.slo
+    if cause == "kv_pressure":
+        room = (
+            f", room for {f.kv_headroom_requests:.1f} more requests of the current size"
+            if f.kv_headroom_requests is not None
+            else ""
+        )
+        return (
+            f"KV cache ran out: {_fmt(s.preemptions_per_second, '/s')} preemptions, "
+            f"{f.waiting:.1f} requests waiting; KV "
+            f"{_fmt(s.kv_usage_max and s.kv_usage_max * 100, '%', 3)} used at peak{room}",
+            None,
+        )
+    if cause == "queue_bound":
+        share = (
+            f"queue time {f.queue_share:.0%} of TTFT, "
+            if f.queue_share is not None and f.queue_share >= rules.thresholds.queue_share_of_ttft
+            else ""
+        )
+        return (
+            f"requests wait to start while KV has room: {f.waiting:.1f} waiting, {share}"
+            f"KV {_fmt(s.kv_usage_mean and s.kv_usage_mean * 100, '%', 3)} used",
+            None,
+        )
+    if cause == "prefill_bound":
+        parts = []
+        if f.ttft_breach:
+            why = (
+                f"{f.waiting:.1f} requests wait behind prefill work"
+                if f.waiting_sustained
+                else "with the queue not to blame"
+            )
+            parts.append(
+                f"TTFT p99 {_fmt(_value(s.ttft_p99), ' s')} > SLO {slo.ttft_p99_seconds:g} s, {why}"
+            )
+        elif f.waiting_sustained:
+            parts.append(f"{f.waiting:.1f} requests wait behind prefill work")
+        if f.itl_breach:
+            parts.append(
+                f"ITL p99 {_fmt(_value(s.itl_p99), ' s')} > SLO {slo.itl_p99_seconds:g} s while "
+                f"p50 is {_fmt(_value(s.itl_p50), ' s')}: prefill steps stall the streams "
+                "(prefill interference)"
+            )
+        share = (
+            f", {f.prefill_share:.0%} of engine time in prefill"
+            if f.prefill_share is not None
+            else ""
+        )
+        prompt = (
+            f"{s.mean_prompt_tokens:,.0f}-token prompts"
+            if s.mean_prompt_tokens is not None
+            else "prompts"
+        )
+        return (
+            "; ".join(parts) + f": {prompt}, prefill {_fmt(s.prefill_time_mean, ' s')} mean{share}",
+            None,
+        )
+    head = (
+        f"ITL p99 {_fmt(_value(s.itl_p99), ' s')} > SLO {slo.itl_p99_seconds:g} s: "
+        f"{_fmt(s.decode_tokens_per_second_per_stream, ' tok/s', 3)} per stream"
+    )
+    if f.ceiling_ratio is None or rules.ceiling is None:
+        return head + " (no hardware set: ceiling unknown)", "unknown"
+    ceil = rules.ceiling
+    where = (
+        f", {f.ceiling_ratio:.0%} of the {ceil.tokens_per_second:.3g} tok/s ceiling on {ceil.gpu}"
+    )
+    if f.ceiling_ratio >= rules.thresholds.near_ceiling_ratio:
+        return head + where + ": at the hardware limit", "hardware"
+    return (
+        head + where + ": below it, the serving stack (batch size, prefill interference, "
+        "long context)",
+        "serving_stack",
+    )
+
+
+def diagnose(s: Signals, rules: Rulebook) -> Diagnosis:
+    """Judge one model's signals against the SLO and name the cause."""
+    f = _facts(s, rules)
+    breaches = _breaches(f)
+    if not breaches:
+        return Diagnosis(model_name=s.model_name, at=s.at, breaches=(), cause=None)
+    th = rules.thresholds
+    checks = {cause: _checks(cause, f, th) for cause in CAUSES}
+    candidates = [cause for cause in CAUSES if checks[cause][0]]
+    if not candidates:
+        # Every breach maps to a cause above; this only guards against a future symptom
+        # without one. Fall back on the symptom itself rather than staying silent.
+        candidates = ["decode_bound" if f.itl_breach else "queue_bound"]
+    cause = candidates[0]
+    summary, limit = _summary(cause, s, f, rules)
+    evidence = _evidence(s, f, rules)
+    evidence["breaches"] = ",".join(breaches)
+    remediation = rules.remediation.get(cause, ())
+    if limit is not None:
+        evidence["decode_limit"] = limit
+        if limit == "serving_stack":
+            # Below the ceiling the hardware is not the first thing to change.
+            remediation = remediation[2:] + remediation[:2]
+    return Diagnosis(
+        model_name=s.model_name,
+        at=s.at,
+        breaches=breaches,
+        cause=cause,
+        confidence=_confidence(checks[cause]),
+        summary=summary,
+        evidence=evidence,
+        secondary=tuple(candidates[1:]),
+        remediation=remediation,
+    )

@@ -1,0 +1,95 @@
+"""vLLM's metric names across versions, mapped to the fields of ``model.ModelSeries``.
+
+vLLM renamed several series (see ``tests/fixtures/vllm/SOURCES.md`` and vLLM's
+``vllm/v1/metrics/loggers.py``):
+
+- ``vllm:gpu_cache_usage_perc`` (V0, up to 0.11) became ``vllm:kv_cache_usage_perc``
+  (0.9.2 on); both are fractions 0..1 despite the name. 0.9.2 to 0.11 expose both.
+- ``vllm:time_per_output_token_seconds`` (up to 0.14) became
+  ``vllm:inter_token_latency_seconds`` (0.10.2 on); both observe one inter-token
+  interval per generated token after the first. ``vllm:request_time_per_output_token_seconds``
+  is a different, per-request histogram and is not used for ITL.
+- Queue, prefill and decode time histograms exist only in V1 (0.8 on).
+- Ray Serve re-exports the same families with the prefix ``ray_vllm:``.
+- Since 0.12 every counter and histogram has a ``_created`` sample (exposed by
+  prometheus_client as a separate ``..._created`` gauge family); those names are simply
+  not in the table below, so they are skipped like any family we do not read.
+
+Where both an old and a new name are present, the new one wins (``NEW`` below).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+PREFIXES = ("vllm:", "ray_vllm:")
+
+Kind = Literal["gauge", "counter", "bucket", "sum", "count", "info"]
+Generation = Literal["old", "new", "both"]
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """Where one exposed sample name goes: which field, which part of it, which naming."""
+
+    field: str
+    kind: Kind
+    generation: Generation
+
+
+# field, base name (without prefix), kind of family, naming generation
+_GAUGES: tuple[tuple[str, str, Generation], ...] = (
+    ("running", "num_requests_running", "both"),
+    ("waiting", "num_requests_waiting", "both"),
+    ("kv_usage", "kv_cache_usage_perc", "new"),
+    ("kv_usage", "gpu_cache_usage_perc", "old"),
+)
+_COUNTERS: tuple[tuple[str, str, Generation], ...] = (
+    ("preemptions", "num_preemptions_total", "both"),
+    ("prompt_tokens", "prompt_tokens_total", "both"),
+    ("generation_tokens", "generation_tokens_total", "both"),
+    ("requests_finished", "request_success_total", "both"),
+)
+_HISTOGRAMS: tuple[tuple[str, str, Generation], ...] = (
+    ("ttft", "time_to_first_token_seconds", "both"),
+    ("itl", "inter_token_latency_seconds", "new"),
+    ("itl", "time_per_output_token_seconds", "old"),
+    ("queue_time", "request_queue_time_seconds", "both"),
+    ("prefill_time", "request_prefill_time_seconds", "both"),
+    ("decode_time", "request_decode_time_seconds", "both"),
+    ("prompt_length", "request_prompt_tokens", "both"),
+    ("generation_length", "request_generation_tokens", "both"),
+)
+CACHE_CONFIG = "cache_config_info"
+
+GAUGE_FIELDS = ("running", "waiting", "kv_usage")
+COUNTER_FIELDS = ("preemptions", "prompt_tokens", "generation_tokens", "requests_finished")
+HISTOGRAM_FIELDS = (
+    "ttft",
+    "itl",
+    "queue_time",
+    "prefill_time",
+    "decode_time",
+    "prompt_length",
+    "generation_length",
+)
+
+
+def _build() -> dict[str, tuple[str, Spec]]:
+    table: dict[str, tuple[str, Spec]] = {}
+    for prefix in PREFIXES:
+        for field, base, gen in _GAUGES:
+            table[prefix + base] = (prefix, Spec(field, "gauge", gen))
+        for field, base, gen in _COUNTERS:
+            table[prefix + base] = (prefix, Spec(field, "counter", gen))
+        for field, base, gen in _HISTOGRAMS:
+            table[prefix + base + "_bucket"] = (prefix, Spec(field, "bucket", gen))
+            table[prefix + base + "_sum"] = (prefix, Spec(field, "sum", gen))
+            table[prefix + base + "_count"] = (prefix, Spec(field, "count", gen))
+        table[prefix + CACHE_CONFIG] = (prefix, Spec("kv_pool", "info", "both"))
+    return table
+
+
+#: Exposed sample name -> (prefix, spec). Read-only after import.
+SAMPLES: dict[str, tuple[str, Spec]] = _build()

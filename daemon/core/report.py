@@ -1,0 +1,66 @@
+"""Diagnoses and transitions as people and programs read them: text lines, or JSON."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from daemon.core.model import Diagnosis, Transition
+
+
+def iso(at: float) -> str:
+    return (
+        datetime.fromtimestamp(at, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
+    """One evaluation's verdict as JSON-ready values: the one shape ``replay``, the API
+    and ``check`` all print."""
+    return {
+        "confidence": d.confidence,
+        "summary": d.summary,
+        "breaches": list(d.breaches),
+        "evidence": dict(d.evidence),
+        "remediation": list(d.remediation),
+        "secondary": list(d.secondary),
+    }
+
+
+def transition_dict(t: Transition, *, target: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "event": t.event,
+        "reason": str(t.reason),
+        "diagnosis": t.cause,
+        "model_name": t.model_name,
+        "at": t.at,
+        "started_at": t.started_at,
+        **diagnosis_dict(t.diagnosis),
+    }
+    if target is not None:
+        out["target"] = target
+    return out
+
+
+def transition_json(t: Transition, *, target: str | None = None) -> str:
+    return json.dumps(transition_dict(t, target=target), sort_keys=False, allow_nan=False)
+
+
+def transition_text(t: Transition) -> str:
+    d = t.diagnosis
+    when = iso(t.at)
+    model = t.model_name or "(no model_name)"
+    if t.event == "firing":
+        lines = [
+            f"{when}  FIRING    {t.cause:<13}  {model}  confidence {d.confidence:.2f}"
+            + (f"  (was {t.reason})" if t.reason != "opened" else ""),
+            f"    {d.summary}",
+        ]
+        if d.secondary:
+            lines.append(f"    also: {', '.join(d.secondary)}")
+        lines.extend(f"    fix: {item}" for item in d.remediation[:3])
+        return "\n".join(lines)
+    lasted = t.at - t.started_at
+    why = "cause changed" if t.reason == "cause_changed" else "clear again"
+    return f"{when}  RESOLVED  {t.cause:<13}  {model}  after {lasted:.0f} s ({why})"

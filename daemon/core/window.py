@@ -1,0 +1,323 @@
+"""A sliding window over one target's snapshots, and the signals computed from it.
+
+Percentiles come from bucket *deltas* inside the window (what
+``histogram_quantile(q, increase(x_bucket[60s]))`` gives), means from delta-sum over
+delta-count, rates from counter deltas over the window's span, gauges as the mean and
+max of the window's samples. Deltas are taken pairwise between consecutive snapshots
+when a snapshot arrives, so a counter reset (a restarted vLLM) inside the window counts
+from zero instead of producing a negative rate, and is paid for once, not per evaluation.
+
+Nothing here reads a clock: the window is defined by the snapshots' own ``at``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from daemon.core.histogram import (
+    bucket_quantile,
+    counter_delta,
+    histogram_add,
+    histogram_delta,
+    observations,
+)
+from daemon.core.model import Histogram, ModelSeries, Quantile, Signals, Snapshot
+from daemon.core.names import COUNTER_FIELDS, HISTOGRAM_FIELDS
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """What one model did between the previous snapshot and this one.
+
+    ``restarted`` names the fields whose delta is not simply newer minus older (a counter
+    reset, a changed bucket layout): only windows without one may take the fast path.
+    """
+
+    counters: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    restarted: frozenset[str] = frozenset()
+
+
+def _step(newer: ModelSeries, older: ModelSeries | None) -> _Step:
+    if older is None:
+        # A model seen for the first time has no baseline: its totals so far are not
+        # known to have happened inside the window.
+        return _Step()
+    counters: dict[str, float] = {}
+    restarted: set[str] = set()
+    for name in COUNTER_FIELDS:
+        new, old = getattr(newer, name), getattr(older, name)
+        if new is not None and old is not None:
+            counters[name] = counter_delta(new, old)
+            if new < old:
+                restarted.add(name)
+    histograms: dict[str, Histogram] = {}
+    for name in HISTOGRAM_FIELDS:
+        new_h, old_h = getattr(newer, name), getattr(older, name)
+        if new_h is not None and old_h is not None:
+            histograms[name] = delta = histogram_delta(new_h, old_h)
+            if delta is new_h:
+                restarted.add(name)
+    return _Step(counters, histograms, frozenset(restarted))
+
+
+def _window_deltas(
+    first: ModelSeries | None, newest: ModelSeries | None, steps: list[_Step | None]
+) -> tuple[dict[str, float], dict[str, Histogram], set[str]]:
+    """Counter increases and histogram deltas over the window, from its steps.
+
+    When every step has a plain delta for a field (no reset, no layout change, the model
+    present throughout), the sum of the steps telescopes to newest minus first: one
+    subtraction instead of one per step. Otherwise the steps are summed one by one, which
+    handles resets and gaps. ``tests/test_window.py`` checks that both paths agree.
+    """
+    counters: dict[str, float] = {}
+    hists: dict[str, Histogram] = {}
+    layout_changed: set[str] = set()
+    slow: list[str] = []
+    for name in (*COUNTER_FIELDS, *HISTOGRAM_FIELDS):
+        plain = (
+            first is not None
+            and newest is not None
+            and all(
+                st is not None
+                and (name in st.counters or name in st.histograms)
+                and name not in st.restarted
+                for st in steps
+            )
+        )
+        if not plain or not steps:
+            slow.append(name)
+            continue
+        new, old = getattr(newest, name), getattr(first, name)
+        if name in COUNTER_FIELDS:
+            counters[name] = new - old
+        else:
+            hists[name] = histogram_delta(new, old)
+    if slow:
+        _sum_steps(slow, steps, counters, hists, layout_changed)
+    return counters, hists, layout_changed
+
+
+def _sum_steps(
+    names: list[str],
+    steps: list[_Step | None],
+    counters: dict[str, float],
+    hists: dict[str, Histogram],
+    layout_changed: set[str],
+) -> None:
+    wanted = set(names)
+    for step in steps:
+        if step is None:
+            continue
+        for name, delta in step.counters.items():
+            if name in wanted:
+                counters[name] = counters.get(name, 0.0) + delta
+        for name, h in step.histograms.items():
+            if name not in wanted:
+                continue
+            have = hists.get(name)
+            if have is None:
+                hists[name] = h
+            elif have.bounds == h.bounds:
+                hists[name] = histogram_add(have, h)
+            else:
+                # vLLM changed its buckets mid-window (an upgrade): keep the newer.
+                hists[name] = h
+                layout_changed.add(name)
+
+
+#: counter field -> the rate it gives, per second of the window's span.
+_RATES = {
+    "preemptions": "preemptions_per_second",
+    "prompt_tokens": "prompt_tokens_per_second",
+    "generation_tokens": "generation_tokens_per_second",
+}
+#: histogram field -> the mean (delta sum / delta count) it gives.
+_MEANS = {
+    "queue_time": "queue_time_mean",
+    "prefill_time": "prefill_time_mean",
+    "decode_time": "decode_time_mean",
+    "prompt_length": "mean_prompt_tokens",
+    "generation_length": "mean_generation_tokens",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Gauge:
+    """Mean, max and min of one gauge's samples in the window (None when never exposed)."""
+
+    mean: float | None = None
+    max: float | None = None
+    min: float | None = None
+
+    @classmethod
+    def of(cls, values: list[float | None], key: str, missing: dict[str, str]) -> _Gauge:
+        seen = [v for v in values if v is not None]
+        if not seen:
+            missing[key] = "not exposed by this vLLM"
+            return cls()
+        return cls(sum(seen) / len(seen), max(seen), min(seen))
+
+
+@dataclass(frozen=True, slots=True)
+class _Latency:
+    """A latency histogram's share of the signals: observations, mean and quantiles."""
+
+    count: float = 0.0
+    mean: float | None = None
+    quantiles: dict[float, Quantile | None] = field(default_factory=dict)
+
+
+class Window:
+    """The snapshots of the last ``seconds`` of one target, newest last.
+
+    ``push`` ignores a snapshot that is not newer than the last one (a clock step or a
+    replayed file out of order) and says so by returning ``False``.
+    """
+
+    def __init__(self, seconds: float = 60.0, *, min_observations: int = 20) -> None:
+        if seconds <= 0:
+            raise ValueError("window seconds must be positive")
+        self.seconds = seconds
+        self.min_observations = min_observations
+        self._entries: deque[tuple[Snapshot, dict[str, _Step]]] = deque()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def newest(self) -> Snapshot | None:
+        return self._entries[-1][0] if self._entries else None
+
+    def push(self, snapshot: Snapshot) -> bool:
+        previous = self.newest
+        if previous is not None and snapshot.at <= previous.at:
+            return False
+        steps = {
+            name: _step(series, previous.models.get(name) if previous else None)
+            for name, series in snapshot.models.items()
+        }
+        self._entries.append((snapshot, steps))
+        horizon = snapshot.at - self.seconds
+        while self._entries[0][0].at < horizon:
+            self._entries.popleft()
+        return True
+
+    def models(self) -> list[str]:
+        """Models in the newest snapshot, the ones there is something to say about."""
+        newest = self.newest
+        return sorted(newest.models) if newest else []
+
+    def signals(self, model: str) -> Signals:
+        """Signals for one model over the window; ``None`` fields say why in ``missing``."""
+        entries = list(self._entries)
+        if not entries:
+            raise ValueError("no snapshots in the window")
+        newest = entries[-1][0]
+        first = entries[0][0]
+        span = newest.at - first.at
+        missing: dict[str, str] = {}
+
+        # Gauges: every snapshot in the window is a sample.
+        series = [s.models[model] for s, _ in entries if model in s.models]
+        running = _Gauge.of([m.running for m in series], "running_mean", missing)
+        waiting = _Gauge.of([m.waiting for m in series], "waiting_mean", missing)
+        kv = _Gauge.of([m.kv_usage for m in series], "kv_usage_mean", missing)
+        kv_max = max((m.kv_usage_max for m in series if m.kv_usage_max is not None), default=None)
+
+        # Counters and histograms: the steps after the window's first snapshot.
+        counters, hists, layout_changed = _window_deltas(
+            first.models.get(model),
+            newest.models.get(model),
+            [steps.get(model) for _, steps in entries[1:]],
+        )
+        rates: dict[str, float | None] = dict.fromkeys(_RATES.values())
+        ttft = itl = _Latency()
+        means: dict[str, float | None] = dict.fromkeys(_MEANS.values())
+        prefill_share: float | None = None
+        if span <= 0:
+            reason = "not enough data: one snapshot in the window, rates need two"
+            for name in (*_RATES.values(), "ttft_p99", "itl_p99"):
+                missing[name] = reason
+        else:
+            for name, key in _RATES.items():
+                if name in counters:
+                    rates[key] = counters[name] / span
+                else:
+                    missing[key] = "not exposed by this vLLM"
+            ttft = self._latency("ttft", hists.get("ttft"), (0.5, 0.9, 0.99), span, missing)
+            itl = self._latency("itl", hists.get("itl"), (0.5, 0.99), span, missing)
+            for name, key in _MEANS.items():
+                found = hists.get(name)
+                if found is None:
+                    missing[key] = "not exposed by this vLLM"
+                elif found.count > 0:
+                    means[key] = found.sum / found.count
+                else:
+                    missing[key] = "not enough data: no requests finished in the window"
+            pre, dec = hists.get("prefill_time"), hists.get("decode_time")
+            if pre is not None and dec is not None and pre.sum + dec.sum > 0:
+                prefill_share = pre.sum / (pre.sum + dec.sum)
+        for name in layout_changed:
+            missing[f"{name}_layout"] = "bucket bounds changed inside the window"
+        queued = hists.get("queue_time") if span > 0 else None
+
+        return Signals(
+            model_name=model,
+            at=newest.at,
+            span_seconds=span,
+            snapshots=len(entries),
+            ttft_p50=ttft.quantiles.get(0.5),
+            ttft_p90=ttft.quantiles.get(0.9),
+            ttft_p99=ttft.quantiles.get(0.99),
+            ttft_mean=ttft.mean,
+            ttft_count=ttft.count,
+            itl_p50=itl.quantiles.get(0.5),
+            itl_p99=itl.quantiles.get(0.99),
+            itl_mean=itl.mean,
+            itl_count=itl.count,
+            queue_time_mean=means["queue_time_mean"],
+            queue_time_count=queued.count if queued is not None else 0.0,
+            prefill_time_mean=means["prefill_time_mean"],
+            decode_time_mean=means["decode_time_mean"],
+            prefill_time_share=prefill_share,
+            running_mean=running.mean,
+            running_max=running.max,
+            waiting_mean=waiting.mean,
+            waiting_max=waiting.max,
+            waiting_min=waiting.min,
+            kv_usage_mean=kv.mean,
+            kv_usage_max=kv_max if kv_max is not None else kv.max,
+            preemptions_per_second=rates["preemptions_per_second"],
+            prompt_tokens_per_second=rates["prompt_tokens_per_second"],
+            generation_tokens_per_second=rates["generation_tokens_per_second"],
+            mean_prompt_tokens=means["mean_prompt_tokens"],
+            mean_generation_tokens=means["mean_generation_tokens"],
+            decode_tokens_per_second_per_stream=(
+                1.0 / itl.mean if itl.mean is not None and itl.mean > 0 else None
+            ),
+            kv_pool_tokens=newest.kv_pool.tokens if newest.kv_pool is not None else None,
+            missing=missing,
+        )
+
+    def _latency(
+        self,
+        name: str,
+        h: Histogram | None,
+        qs: tuple[float, ...],
+        span: float,
+        missing: dict[str, str],
+    ) -> _Latency:
+        if h is None:
+            missing[f"{name}_p99"] = "not exposed by this vLLM"
+            return _Latency()
+        n = observations(h)
+        mean = h.sum / h.count if h.count > 0 else None
+        if n < self.min_observations:
+            missing[f"{name}_p99"] = (
+                f"not enough data: {n:g} observations in {span:g} s (need {self.min_observations})"
+            )
+            return _Latency(count=n, mean=mean)
+        return _Latency(count=n, mean=mean, quantiles={q: bucket_quantile(q, h) for q in qs})

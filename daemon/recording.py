@@ -1,0 +1,43 @@
+"""The recording format: a directory of ``<unix_time_ms>.prom`` files, each the raw body of
+one scrape, as ``record`` and ``simulate --record`` write them and ``replay`` reads them.
+
+Each file is written under a temporary name and renamed, so a replay running beside a
+recording never reads half a file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from daemon.errors import RecordingError
+
+FILE_NAME = re.compile(r"^(\d{1,16})\.prom$")
+
+
+def recording_files(directory: str | Path) -> list[tuple[float, Path]]:
+    """The scrape files of a recording, oldest first, with their times in unix seconds."""
+    d = Path(directory)
+    if not d.exists():
+        raise RecordingError(f"{d}: no such directory")
+    if not d.is_dir():
+        raise RecordingError(f"{d}: not a directory (give the folder that `record --out` wrote)")
+    try:
+        matches = [(FILE_NAME.match(p.name), p) for p in d.iterdir()]
+    except OSError as exc:
+        raise RecordingError(f"{d}: cannot list: {exc.strerror or exc}") from exc
+    found = sorted((int(m.group(1)) / 1000.0, p) for m, p in matches if m is not None)
+    if not found:
+        raise RecordingError(
+            f"{d}: no <unix_time_ms>.prom files: not a recording made by `vllm-triage record`"
+        )
+    return found
+
+
+def write_atomically(directory: Path, at_ms: int, body: bytes) -> Path:
+    final = directory / f"{at_ms}.prom"
+    tmp = directory / f".{at_ms}.prom.tmp"
+    tmp.write_bytes(body)
+    os.replace(tmp, final)
+    return final

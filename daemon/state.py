@@ -1,0 +1,57 @@
+"""What each target's watcher publishes, and what the read side (exporter, API, HTTP server,
+demo view) reads: without importing the scrape loop.
+
+The event loop replaces a target's ``view`` whole after each evaluation; the HTTP thread
+reads it without a lock: swapping one reference is atomic, and a view is never mutated.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from daemon.core.evaluate import Evaluation
+from daemon.core.incidents import Active, State
+from daemon.core.model import Cause, Transition
+from daemon.core.rulebook import Ceiling
+
+RECENT_TRANSITIONS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """The latest evaluation of a target and the incident state it left."""
+
+    evaluation: Evaluation
+    states: dict[str, State]
+    active: tuple[Active, ...]
+
+
+@dataclass(slots=True)
+class TargetState:
+    name: str
+    url: str
+    ceiling: Ceiling | None
+    up: bool = False
+    scrapes: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    skipped_ticks: int = 0
+    series_problems: int = 0
+    last_scrape_at: float | None = None
+    last_success_at: float | None = None
+    last_duration_s: float | None = None
+    last_error: str = ""
+    view: View | None = None
+    incidents_opened: Counter[tuple[str, Cause]] = field(default_factory=Counter)
+    #: Every transition so far (``recent`` keeps the last few of them).
+    transitions: int = 0
+    #: model_name values left out because the target exposed too many.
+    models_dropped: int = 0
+    recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))
+
+    def attempted(self, at: float, duration_s: float | None = None) -> None:
+        """Count one scrape (or fleet step) taken at ``at``, whatever came of it."""
+        self.scrapes += 1
+        self.last_scrape_at = at
+        if duration_s is not None:
+            self.last_duration_s = duration_s

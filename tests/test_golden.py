@@ -1,0 +1,51 @@
+"""The exporter end to end, as node_exporter tests its collectors: committed real-vLLM
+recordings replayed through the daemon's watcher and rendered as ``/metrics`` must equal
+``tests/golden/metrics.prom`` byte for byte, and promtool must find nothing in it.
+
+A deliberate change to the exports regenerates the file with
+``.venv/bin/python tests/golden_metrics.py`` (see that module); read the diff.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from golden_metrics import GOLDEN, render
+
+
+def test_metrics_equal_the_golden_file() -> None:
+    want = GOLDEN.read_text(encoding="utf-8")
+    got = render()
+    assert got == want, "exports changed: regenerate with `python tests/golden_metrics.py`"
+
+
+def test_the_golden_file_shows_both_incidents() -> None:
+    """The file is not empty of meaning: the KV recording fires kv_pressure, the decode
+    recording decode_bound with its ceiling ratio, as the recordings were made to."""
+    text = GOLDEN.read_text(encoding="utf-8")
+    assert (
+        'vllm_triage_diagnosis{diagnosis="kv_pressure",model_name="tiny-llama",target="kv"} 1.0'
+        in text
+    )
+    decode = 'diagnosis="decode_bound",model_name="tiny-llama",target="decode"} 1.0'
+    assert "vllm_triage_diagnosis{" + decode in text
+    assert 'vllm_triage_decode_ceiling_ratio{model_name="tiny-llama",target="decode"}' in text
+
+
+@pytest.mark.prometheus
+def test_promtool_finds_nothing_in_the_golden_file() -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found: install Debian's prometheus package")
+    result = subprocess.run(
+        [promtool, "check", "metrics"],
+        input=GOLDEN.read_text(encoding="utf-8"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
