@@ -128,7 +128,10 @@ def test_a_receiver_verifies_the_hmac_signature() -> None:
             )
             with running_daemon(settings) as daemon:
                 wait_for(lambda: verified, timeout=60)
-                sent = daemon.notifier.deliveries[0].stats.sent
+                # The receiver records before it answers: wait for the answer to count.
+                delivery = daemon.notifier.deliveries[0]
+                wait_for(lambda: delivery.stats.sent + delivery.stats.failed >= 1, timeout=10)
+                sent = delivery.stats.sent
         # The same receiver refuses a body signed with another key.
         forged = "sha256=" + hmac.new(b"wrong-key", b"{}", hashlib.sha256).hexdigest()
         refused = httpx.post(
