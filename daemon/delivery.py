@@ -11,6 +11,11 @@ for ``retry_for_seconds``; then it is counted in ``failed`` and logged
 with what was lost. A 4xx other than 408/429 will not pass by retrying (a bad token, a
 payload the receiver refuses) and fails at once, loudly. A full queue drops its oldest
 notification, counted in ``dropped`` and logged.
+
+With a state store (``daemon/store.py``) every queued notification is also written to it
+and removed once delivered, given up or dropped: after a kill, the next start delivers
+what was pending (``restore``), and at shutdown what the grace period left is kept for
+the next start rather than lost.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from tenacity import (
 
 from daemon.httpauth import auth_headers
 from daemon.receivers import Notification, Receiver
+from daemon.store import StateStore
 
 log = structlog.get_logger("vllm_triage.delivery")
 
@@ -78,7 +84,9 @@ def _retry_after(resp: httpx.Response) -> float | None:
 class Delivery:
     """The queue and worker of one receiver."""
 
-    def __init__(self, receiver: Receiver, client: httpx.AsyncClient) -> None:
+    def __init__(
+        self, receiver: Receiver, client: httpx.AsyncClient, store: StateStore | None = None
+    ) -> None:
         self.receiver = receiver
         self.name = receiver.name
         self.settings = settings = receiver.settings
@@ -89,7 +97,14 @@ class Delivery:
         self._secret = (
             settings.hmac_secret.get_secret_value().encode() if settings.hmac_secret else None
         )
+        self._store = store
         self._queue: deque[Notification] = deque()
+        #: The store's row of each queued notification (None when nothing is stored),
+        #: and of the one being tried: removed only once it is delivered or given up.
+        self._rows: deque[int | None] = deque()
+        self._trying: int | None = None
+        #: Undelivered at shutdown but kept in the store for the next start.
+        self.kept = 0
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -108,13 +123,30 @@ class Delivery:
         return len(self._queue) + self._busy
 
     def submit(self, n: Notification) -> None:
+        row = self._store.enqueue(self.name, n) if self._store is not None else None
+        self._append(row, n)
+
+    def restore(self, kept: list[tuple[int, Notification]]) -> None:
+        """Queue what a previous run left undelivered (before anything new), in order."""
+        for row, n in kept:
+            self._append(row, n)
+        if kept:
+            log.info("notifications_restored", receiver=self.name, count=len(kept))
+
+    def _append(self, row: int | None, n: Notification) -> None:
         if len(self._queue) >= self.settings.queue_size:
             lost = self._queue.popleft()
+            self._forget(self._rows.popleft())
             self.stats.dropped += 1
             log.error("notification_dropped", receiver=self.name, what=lost.what, why="queue full")
         self._queue.append(n)
+        self._rows.append(row)
         self._idle.clear()
         self._ready.set()
+
+    def _forget(self, row: int | None) -> None:
+        if self._store is not None:
+            self._store.remove(row)
 
     async def run(self) -> None:
         """The worker: deliver the queue, oldest first, for ever (cancel to stop)."""
@@ -126,20 +158,33 @@ class Delivery:
                 await self._ready.wait()
                 continue
             n = self._queue.popleft()
+            self._trying = self._rows.popleft()
             self._busy = True
+            # Its row stays in the store while it is tried: a shutdown or a kill in the
+            # middle leaves it for the next start.
             await self._deliver(n)
+            self._forget(self._trying)
+            self._trying = None
 
     async def wait_idle(self) -> None:
         await self._idle.wait()
 
     def abandon(self, why: str) -> int:
-        """Count and log everything still undelivered (at shutdown); how many."""
-        lost = list(self._queue) + ([] if not self._busy else [Notification(b"", "in flight")])
-        for n in lost:
+        """At shutdown, everything still undelivered: kept for the next start when a
+        working store holds it (counted in ``kept``), else counted and logged as failed;
+        how many failed."""
+        left = list(self._queue) + ([Notification(b"", "in flight")] if self._busy else [])
+        self._queue.clear()
+        self._rows.clear()
+        if self._store is not None and self._store.durable:
+            self.kept = len(left)
+            for n in left:
+                log.warning("notification_kept", receiver=self.name, what=n.what, why=why)
+            return 0
+        for n in left:
             self.stats.failed += 1
             log.error("notification_failed", receiver=self.name, what=n.what, err=why)
-        self._queue.clear()
-        return len(lost)
+        return len(left)
 
     def _wait_for(self, state: RetryCallState) -> float:
         backoff = float(self._wait(state))

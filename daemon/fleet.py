@@ -32,6 +32,7 @@ from daemon.notifier import Notifier
 from daemon.scrape import scrape_error
 from daemon.settings import PrometheusSourceSettings, Settings, TargetSettings
 from daemon.state import TargetState
+from daemon.store import StateStore
 from daemon.watcher import TargetWatcher
 
 log = structlog.get_logger("vllm_triage.fleet")
@@ -95,6 +96,7 @@ class PrometheusSource:
         client: httpx.AsyncClient,
         notifier: Notifier | None,
         clock: Callable[[], float] = time.time,
+        store: StateStore | None = None,
     ) -> None:
         assert settings.prometheus is not None
         self.settings = settings
@@ -104,6 +106,7 @@ class PrometheusSource:
         self._client = client
         self._notifier = notifier
         self._clock = clock
+        self._store = store
         self._headers = auth_headers(self.source)
         self._query = series_query(self.source.selector)
         self._last: float | None = None
@@ -129,6 +132,7 @@ class PrometheusSource:
                 client=self._client,
                 notifier=self._notifier,
                 clock=self._clock,
+                store=self._store,
             )
             self.watchers[name] = watcher
             log.info("fleet_target_discovered", target=name)

@@ -5,13 +5,19 @@ Keeps the alerts that are firing now, so that a ``resolved`` carries the annotat
 about each alert identity. Whether a receiver hears something is ``core.dedup``'s pure
 decision over that log; what it hears is its ``Receiver``'s encoding. Time comes from the
 caller (``now``), so the repeat rules are tested without a clock.
+
+With a state store, the active alerts and the log are restored from it at start and
+written through on every change, so a restarted daemon sends a resolve for an alert it
+told a receiver about before the restart, and repeats on the same schedule.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 
 import httpx
+import structlog
 
 from daemon.core.alerts import Alert, firing_alert
 from daemon.core.dedup import LastSent, NotifyReason, needs_update
@@ -19,6 +25,9 @@ from daemon.core.model import Transition
 from daemon.delivery import Delivery
 from daemon.receivers import build_receiver
 from daemon.settings import Settings
+from daemon.store import StateStore
+
+log = structlog.get_logger("vllm_triage.notifier")
 
 #: The log key of a batching receiver's last push of every active alert.
 ALL_ACTIVE = "*"
@@ -27,16 +36,78 @@ ALL_ACTIVE = "*"
 class Notifier:
     """Turns transitions into notifications and hands them to each receiver's ``Delivery``."""
 
-    def __init__(self, settings: Settings, client: httpx.AsyncClient, external_url: str) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        client: httpx.AsyncClient,
+        external_url: str,
+        store: StateStore | None = None,
+    ) -> None:
         self.severity = settings.alerting.severity
         self.external_url = external_url
+        self.store = store
         self.deliveries = [
-            Delivery(build_receiver(settings.receiver_name(i), r, external_url), client)
+            Delivery(build_receiver(settings.receiver_name(i), r, external_url), client, store)
             for i, r in enumerate(settings.receivers)
         ]
         self.active: dict[str, Alert] = {}
         #: (receiver, alert key) -> what that receiver was last told about that alert.
         self.log: dict[tuple[str, str], LastSent] = {}
+        if store is not None:
+            self._restore(store)
+
+    def _restore(self, store: StateStore) -> None:
+        kept = store.restored
+        self.active = dict(kept.alerts)
+        names = {d.name for d in self.deliveries}
+        self.log = {k: v for k, v in kept.log.items() if k[0] in names}
+        for d in self.deliveries:
+            d.restore(kept.outbox.pop(d.name, []))
+        gone = ({r for r, _ in kept.log} | set(kept.outbox)) - names
+        for receiver in sorted(gone):
+            undelivered = len(kept.outbox.pop(receiver, []))
+            log.warning(
+                "receiver_gone",
+                receiver=receiver,
+                undelivered_dropped=undelivered,
+                why="no longer configured; its log and queue are forgotten",
+            )
+            store.forget_receiver(receiver)
+
+    def resolve_gone(self, targets: set[str], now: float) -> None:
+        """Resolve the restored alerts of targets no longer configured: nothing will ever
+        evaluate them again, and a receiver told they fire would show them for ever."""
+        for alert in list(self.active.values()):
+            target = alert.labels.get("target", "")
+            if target in targets:
+                continue
+            log.warning(
+                "incident_resolved_target_gone", target=target, diagnosis=alert.labels["diagnosis"]
+            )
+            self._announce(alert.resolved(now), now)
+
+    def _set_active(self, alert: Alert) -> None:
+        self.active[alert.key] = alert
+        if self.store is not None:
+            self.store.put_alert(alert)
+
+    def _pop_active(self, alert: Alert) -> Alert:
+        found = self.active.pop(alert.key, alert)
+        if self.store is not None:
+            self.store.delete_alert(alert.key)
+        return found
+
+    def _told(self, key: tuple[str, str], last: LastSent | None) -> None:
+        """Record (or with None, forget) what a receiver was last told about an alert."""
+        if last is None:
+            self.log.pop(key, None)
+        else:
+            self.log[key] = last
+        if self.store is not None:
+            if last is None:
+                self.store.delete_log(*key)
+            else:
+                self.store.put_log(*key, last)
 
     def notify(self, target: str, transitions: Iterable[Transition], now: float) -> None:
         for t in transitions:
@@ -44,22 +115,36 @@ class Notifier:
                 t, target=target, severity=self.severity, external_url=self.external_url
             )
             if t.event == "firing":
-                self.active[alert.key] = alert
+                self._set_active(alert)
             else:
-                alert = self.active.pop(alert.key, alert).resolved(t.at)
-            for d in self.deliveries:
-                key = (d.name, alert.key)
-                if needs_update(self.log.get(key), alert.status, now, d.receiver.policy):
-                    self._send(d, [alert], now)
-                    if alert.status == "firing":
-                        self.log[key] = LastSent("firing", now)
-                if alert.status == "resolved":
-                    # Forgotten whether or not this receiver heard the resolve: the next
-                    # firing of the same identity is a first notification again.
-                    self.log.pop(key, None)
+                alert = self.active.get(alert.key, alert).resolved(t.at)
+            self._announce(alert, now)
+
+    def _announce(self, alert: Alert, now: float) -> None:
+        """Tell each receiver about ``alert`` if it should hear of it now."""
+        if alert.status == "resolved":
+            self._pop_active(alert)
+        for d in self.deliveries:
+            key = (d.name, alert.key)
+            if needs_update(self.log.get(key), alert.status, now, d.receiver.policy):
+                self._send(d, [alert], now)
+                if alert.status == "firing":
+                    self._told(key, LastSent("firing", now))
+            if alert.status == "resolved" and key in self.log:
+                # Forgotten whether or not this receiver heard the resolve: the next
+                # firing of the same identity is a first notification again.
+                self._told(key, None)
+
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        """One transaction of the store (if any) around several changes."""
+        return self.store.batch() if self.store is not None else contextlib.nullcontext()
 
     def tick(self, now: float) -> None:
         """Re-notify what is due: repeats for long incidents, re-sends to Alertmanager."""
+        with self.batch():
+            self._tick(now)
+
+    def _tick(self, now: float) -> None:
         for d in self.deliveries:
             policy = d.receiver.policy
             if d.receiver.batches:
@@ -72,10 +157,10 @@ class Notifier:
                 last = self.log.get((d.name, key))
                 if needs_update(last, "firing", now, policy) is NotifyReason.REPEAT:
                     self._send(d, [alert], now)
-                    self.log[(d.name, key)] = LastSent("firing", now)
+                    self._told((d.name, key), LastSent("firing", now))
 
     def _send(self, d: Delivery, alerts: list[Alert], now: float) -> None:
         for n in d.receiver.encode(alerts, now):
             d.submit(n)
         if d.receiver.batches:
-            self.log[(d.name, ALL_ACTIVE)] = LastSent("firing", now)
+            self._told((d.name, ALL_ACTIVE), LastSent("firing", now))

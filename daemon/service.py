@@ -11,7 +11,13 @@ is an awaited HTTP request with a timeout, so others run meanwhile.
 Shutdown (SIGTERM, SIGINT, or ``stop`` set): not ready; no new scrapes; scrapes in flight
 finish (each bounded by its timeout); pending notifications are delivered until
 ``shutdown_grace_seconds`` have passed since the signal; whatever is still undelivered
-then is counted as failed and logged, never dropped silently.
+then is counted as failed and logged, never dropped silently; with a state store it is
+kept there and delivered at the next start.
+
+State (``state_dir``, ``daemon/store.py``): opened in the constructor, before anything
+runs. The watchers restore their targets' incidents, the notifier its active alerts, its
+log and each receiver's undelivered notifications; the first evaluations then carry on
+as if the daemon had never stopped.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import ssl
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import structlog
@@ -37,6 +44,7 @@ from daemon.http_server import Endpoints, HttpServer
 from daemon.notifier import Notifier
 from daemon.settings import Settings
 from daemon.state import TargetState
+from daemon.store import StateStore
 from daemon.watcher import TargetWatcher
 
 log = structlog.get_logger("vllm_triage.service")
@@ -84,7 +92,15 @@ class Daemon:
     """Everything is built (and the port bound) in the constructor, so a bad setting or a
     port in use fails before anything runs; ``run`` then serves until stopped."""
 
-    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.time,
+        default_state_dir: Path | None = None,
+    ) -> None:
+        """``default_state_dir``: what ``state_dir: auto`` means here (``run`` passes the
+        XDG state directory; an in-process daemon, as the demo's, keeps nothing)."""
         self.settings = settings
         self.clock = clock
         self.ready = False
@@ -101,18 +117,37 @@ class Daemon:
             clock,
         )
         self.http = HttpServer(settings.listen, endpoints)
-        self.notifier = Notifier(settings, self._client, external_url(settings, self.address))
+        state_dir = settings.state_path(default_state_dir)
+        self.store = StateStore.open(state_dir) if state_dir is not None else None
+        store = self.store
+        self.notifier = Notifier(
+            settings, self._client, external_url(settings, self.address), store
+        )
         self.watchers = [
             TargetWatcher(
-                t, settings, client=self._target_client(), notifier=self.notifier, clock=clock
+                t,
+                settings,
+                client=self._target_client(),
+                notifier=self.notifier,
+                clock=clock,
+                store=store,
             )
             for t in settings.targets
         ]
         self.fleet: PrometheusSource | None = None
         if settings.source == "prometheus":
             self.fleet = PrometheusSource(
-                settings, client=self._client, notifier=self.notifier, clock=clock
+                settings, client=self._client, notifier=self.notifier, clock=clock, store=store
             )
+        elif store is not None:
+            # Targets no longer configured: nothing will evaluate them again. (In fleet
+            # mode servers are discovered as they appear, so theirs wait in the store.)
+            with store.batch():
+                for name in sorted(store.restored.incidents):
+                    log.warning("incidents_target_gone", target=name)
+                    store.save_incidents(name, ())
+                store.restored.incidents.clear()
+                self.notifier.resolve_gone({t.name for t in settings.targets}, clock())
 
     def _target_client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(
@@ -215,8 +250,16 @@ class Daemon:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
         lost = sum(d.abandon("undelivered at shutdown") for d in self.notifier.deliveries)
+        kept = sum(d.kept for d in self.notifier.deliveries)
         await asyncio.gather(
             self._client.aclose(), *(w.close() for w in self.watchers), return_exceptions=True
         )
         self.http.stop()
-        log.info("stopped", took_s=round(time.monotonic() - began, 2), undelivered=lost)
+        if self.store is not None:
+            self.store.close()
+        log.info(
+            "stopped",
+            took_s=round(time.monotonic() - began, 2),
+            undelivered=lost,
+            kept_for_next_start=kept,
+        )

@@ -232,6 +232,10 @@ class Settings(BaseSettings):
     #: vllm_triage_models_dropped_total and logged, so memory and /metrics stay bounded.
     max_models_per_target: int = Field(default=100, ge=1)
     shutdown_grace_seconds: float = Field(default=10.0, gt=0)
+    #: Where open incidents, the notification log and undelivered notifications survive
+    #: a restart (one SQLite file; see rules/defaults.yaml). ``auto``: ``vllm-triage run``
+    #: keeps them in $XDG_STATE_HOME/vllm-triage, nothing else keeps any; null: none.
+    state_dir: str | None = Field(default="auto", min_length=1)
     #: ``scrape``: each of ``targets``; ``prometheus``: every vLLM server that the
     #: ``prometheus`` section's query API knows (fleet mode).
     source: Literal["scrape", "prometheus"] = "scrape"
@@ -268,6 +272,15 @@ class Settings(BaseSettings):
         if self.scrape_timeout_seconds is not None:
             return self.scrape_timeout_seconds
         return min(0.8 * self.interval_seconds, 10.0)
+
+    def state_path(self, auto: Path | None) -> Path | None:
+        """The state directory in force: ``auto`` is what the caller keeps by default
+        (``run``: the XDG state directory; the demo and the tests: nothing)."""
+        if self.state_dir is None:
+            return None
+        if self.state_dir == "auto":
+            return auto
+        return Path(self.state_dir).expanduser()
 
     def receiver_name(self, index: int) -> str:
         r = self.receivers[index]

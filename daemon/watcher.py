@@ -16,6 +16,7 @@ import httpx
 import structlog
 
 from daemon.assemble import build_evaluator, build_rulebook
+from daemon.core.incidents import TrackRecord
 from daemon.core.model import Snapshot, Transition
 from daemon.core.parse import SnapshotParser
 from daemon.errors import ParseError, ScrapeError
@@ -25,6 +26,7 @@ from daemon.redact import safe_url
 from daemon.scrape import fetch_async
 from daemon.settings import Settings, TargetSettings
 from daemon.state import TargetState, View
+from daemon.store import StateStore
 
 log = structlog.get_logger("vllm_triage.watcher")
 
@@ -42,6 +44,7 @@ class TargetWatcher:
         client: httpx.AsyncClient,
         notifier: Notifier | None,
         clock: Callable[[], float] = time.time,
+        store: StateStore | None = None,
     ) -> None:
         own = settings.for_target(target)
         rulebook = build_rulebook(own)
@@ -60,6 +63,18 @@ class TargetWatcher:
         self._headers = auth_headers(target)
         self._failing_since_log: float | None = None
         self._suppressed = 0
+        self._store = store
+        #: The incident state last written to the store (written again only on change).
+        self._saved: tuple[TrackRecord, ...] = ()
+        if store is not None:
+            self._saved = store.restored.incidents.pop(target.name, ())
+            if self._saved:
+                self.evaluator.restore(self._saved)
+                log.info(
+                    "incidents_restored",
+                    target=target.name,
+                    incidents=[f"{r.model_name}: {r.state} {r.cause or ''}" for r in self._saved],
+                )
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -98,7 +113,19 @@ class TargetWatcher:
 
     def consume(self, snapshot: Snapshot) -> None:
         """A snapshot that arrived (scraped here, or read from Prometheus in fleet mode):
-        evaluate it, publish the result, hand the transitions to the notifier."""
+        evaluate it, publish the result, hand the transitions to the notifier. With a
+        store, the incident state and what the notifier did are one transaction."""
+        if self._store is None:
+            self._consume(snapshot)
+            return
+        with self._store.batch():
+            self._consume(snapshot)
+            records = self.evaluator.incidents.export()
+            if records != self._saved:
+                self._store.save_incidents(self.state.name, records)
+                self._saved = records
+
+    def _consume(self, snapshot: Snapshot) -> None:
         st = self.state
         at = snapshot.at
         self._recovered()

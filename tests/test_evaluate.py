@@ -8,6 +8,7 @@ import pytest
 
 from daemon.assemble import build_evaluator, build_rulebook, ceiling
 from daemon.core.evaluate import Evaluator
+from daemon.core.incidents import State, TrackRecord
 from daemon.core.model import ModelSeries, Snapshot
 from daemon.errors import ConfigError
 from daemon.settings import load_settings
@@ -112,3 +113,51 @@ class TestRulebook:
                     self.write(tmp_path, "hardware: {gpu: a10g}\nmodel: {config_json: nope.json}\n")
                 )
             )
+
+
+def no_data(at: float) -> Snapshot:
+    """A scrape in which model "a" exposes nothing yet: nothing can breach."""
+    return Snapshot(at=at, era="v1", prefix="vllm:", models={"a": ModelSeries(model_name="a")})
+
+
+FIRING_A = TrackRecord(
+    model_name="a", state=State.FIRING, run=0, cause="queue_bound", started_at=0.0
+)
+
+
+class TestRestore:
+    def test_a_young_window_does_not_resolve_a_restored_incident(self) -> None:
+        """After a restart the window is empty: evaluations without data in the first
+        window do not end the incident; after it, resolve_after clear ones do."""
+        ev = Evaluator(build_rulebook(load_settings()), window_seconds=60, resolve_after=3)
+        ev.restore((FIRING_A,))
+        resolved = [
+            (at, t.event)
+            for at in range(1000, 1100, 5)
+            for t in ev.step(no_data(float(at))).transitions
+        ]
+        # Held for 60 s (to 1060), then three clear evaluations: 1060, 1065, 1070.
+        assert resolved == [(1070, "resolved")]
+        # Without the hold the first three empty evaluations would have ended it.
+        plain = Evaluator(build_rulebook(load_settings()), window_seconds=60, resolve_after=3)
+        plain.incidents.restore((FIRING_A,))
+        ends = [at for at in (0.0, 5.0, 10.0) for _ in plain.step(no_data(at)).transitions]
+        assert ends == [10.0]
+
+    def test_a_breach_counts_at_once_after_a_restore(self) -> None:
+        """The hold is only against "not enough data": a breach right after the restart
+        keeps a resolving incident firing, as it would have without the restart."""
+        ev = Evaluator(build_rulebook(load_settings()), window_seconds=60, resolve_after=3)
+        ev.restore(
+            (
+                TrackRecord(
+                    model_name="a",
+                    state=State.RESOLVING,
+                    run=2,
+                    cause="queue_bound",
+                    started_at=0.0,
+                ),
+            )
+        )
+        assert ev.step(two_models(1000.0, waiting_a=10.0, total_b=0.0)).transitions == []
+        assert ev.incidents.state("a") is State.FIRING

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from daemon.core import incidents
-from daemon.core.incidents import RULES, Event, IncidentTracker, Rule, State
+from daemon.core.incidents import RULES, Event, IncidentTracker, Rule, State, TrackRecord
 from daemon.core.model import Diagnosis, Reason
 
 
@@ -119,3 +123,81 @@ class TestTheTable:
             (0.0, "firing", K, "opened"),
             (1.0, "resolved", K, "resolved"),
         ]
+
+
+CAUSE_OR_CLEAR = st.sampled_from([K, Q, P, None])
+
+
+class TestExportRestore:
+    @settings(max_examples=300, deadline=None)
+    @given(
+        causes=st.lists(st.tuples(st.sampled_from(["a", "b"]), CAUSE_OR_CLEAR), max_size=40),
+        cut=st.integers(min_value=0, max_value=40),
+        open_after=st.integers(min_value=1, max_value=4),
+        resolve_after=st.integers(min_value=1, max_value=4),
+    )
+    def test_a_restored_tracker_carries_on_exactly(
+        self,
+        causes: list[tuple[str, str | None]],
+        cut: int,
+        open_after: int,
+        resolve_after: int,
+    ) -> None:
+        """Stopping after any evaluation, exporting, and restoring into a new tracker
+        gives exactly the transitions of the tracker that never stopped."""
+
+        def run(tracker: IncidentTracker, part: list[tuple[str, str | None]], first: int) -> list:
+            out = []
+            for i, (model, cause) in enumerate(part, start=first):
+                out += tracker.observe(d(float(i), cause, model))
+            return out
+
+        whole = IncidentTracker(open_after=open_after, resolve_after=resolve_after)
+        expected = run(whole, causes, 0)
+        before = IncidentTracker(open_after=open_after, resolve_after=resolve_after)
+        got = run(before, causes[:cut], 0)
+        after = IncidentTracker(open_after=open_after, resolve_after=resolve_after)
+        after.restore(before.export())
+        got += run(after, causes[cut:], min(cut, len(causes)))
+        assert got == expected
+        assert after.export() == whole.export()
+
+    def test_export_holds_only_what_is_not_clear(self) -> None:
+        t = IncidentTracker(open_after=2, resolve_after=2)
+        t.observe(d(0, K, "a"))  # pending
+        t.observe(d(0, None, "b"))  # clear
+        t.observe(d(1, Q, "c"))
+        t.observe(d(2, Q, "c"))  # firing
+        assert [(r.model_name, r.state, r.run, r.cause) for r in t.export()] == [
+            ("a", State.PENDING, 1, None),
+            ("c", State.FIRING, 0, Q),
+        ]
+
+    @pytest.mark.parametrize(
+        "fields",
+        [
+            {"state": State.CLEAR, "cause": None},
+            {"state": State.FIRING, "cause": None},
+            {"state": State.PENDING, "cause": K},
+            {"state": State.FIRING, "cause": "melting"},
+            {"state": State.FIRING, "cause": K, "challenger": "melting"},
+            {"state": State.RESOLVING, "cause": K, "run": -1},
+            {"state": "firing", "cause": K},
+            {"state": State.FIRING, "cause": K, "started_at": math.nan},
+        ],
+        ids=[
+            "clear",
+            "firing-without-cause",
+            "pending-with-cause",
+            "unknown-cause",
+            "unknown-challenger",
+            "negative-count",
+            "state-not-a-state",
+            "nan-start",
+        ],
+    )
+    def test_a_damaged_record_is_refused(self, fields: dict[str, object]) -> None:
+        """A record from outside (the state file) that the table could not have made."""
+        values: dict[str, object] = {"model_name": "m", "run": 0, "started_at": 1.0, **fields}
+        with pytest.raises(ValueError):
+            TrackRecord(**values)  # type: ignore[arg-type]

@@ -17,7 +17,10 @@ derived metrics for Prometheus and Grafana, and send alert webhooks with the dia
 Settings come from rules/defaults.yaml, then --config FILE, then VLLM_TRIAGE_* variables
 (nested keys with __, lists as JSON), then these flags. The keys beside the SLOs and
 thresholds: listen, interval_seconds, scrape_timeout_seconds, max_body_bytes,
-shutdown_grace_seconds, targets, receivers, alerting. See README.md, "Run it".
+shutdown_grace_seconds, state_dir, targets, receivers, alerting. See README.md, "Run it".
+
+Open incidents, what each receiver was told and undelivered notifications are kept in
+state_dir (default $XDG_STATE_HOME/vllm-triage), so a restart or a crash loses no alert.
 
 Endpoints: /metrics, /healthz, /readyz, /api/v1/diagnoses. SIGTERM or Ctrl-C stops it,
 delivering pending notifications first (for at most shutdown_grace_seconds).
@@ -92,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from daemon.errors import ConfigError
     from daemon.service import Daemon
     from daemon.settings import load_settings
+    from daemon.store import default_state_dir
 
     settings = load_settings(args.config, flags(args))
     if not settings.targets and settings.source == "scrape":
@@ -101,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
             "`source: prometheus` with a `prometheus: {url: ...}` section (fleet mode)"
         )
     try:
-        daemon = Daemon(settings)
+        daemon = Daemon(settings, default_state_dir=default_state_dir())
     except OSError as exc:
         raise ConfigError(f"listen: cannot listen on {settings.listen}: {exc}") from None
     asyncio.run(daemon.run(handle_signals=True))

@@ -2,6 +2,13 @@
 
 ``run``, ``replay`` and the tests all drive the core through ``Evaluator.step``, so a
 recording replays exactly as it ran live.
+
+After a restart (``restore``) the incidents carry on but the window starts empty, and an
+empty or young window has too little data to breach anything: read as "clear", it would
+resolve an incident that is still going on. So for one window after the restore, an
+evaluation without a breach does not count towards ending a restored incident (a breach
+counts at once); from then on the window holds only evidence seen since the restart, and
+the incident resolves after ``resolve_after`` clear evaluations as it always does.
 """
 
 from __future__ import annotations
@@ -9,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from daemon.core.diagnose import diagnose
-from daemon.core.incidents import IncidentTracker
+from daemon.core.incidents import IncidentTracker, State, TrackRecord
 from daemon.core.model import Diagnosis, Signals, Snapshot, Transition
 from daemon.core.rulebook import Rulebook
 from daemon.core.window import Window
@@ -41,6 +48,31 @@ class Evaluator:
         self.rulebook = rulebook
         self.window = Window(window_seconds, min_observations=rulebook.thresholds.min_observations)
         self.incidents = IncidentTracker(open_after=open_after, resolve_after=resolve_after)
+        self.window_seconds = window_seconds
+        #: Models restored with an incident, until one window has passed since the restore.
+        self._warming: set[str] = set()
+        self._warm_from: float | None = None
+
+    def restore(self, records: tuple[TrackRecord, ...]) -> None:
+        """Carry on from the incidents a previous run exported (see the module's note)."""
+        self.incidents.restore(records)
+        self._warming = {r.model_name for r in records}
+        self._warm_from = None
+
+    def _held(self, model: str, d: Diagnosis, at: float) -> bool:
+        """Whether this clear evaluation is too early after a restore to count."""
+        if not self._warming:
+            return False
+        if self._warm_from is None:
+            self._warm_from = at
+        if at - self._warm_from >= self.window_seconds:
+            self._warming.clear()
+            return False
+        return (
+            d.cause is None
+            and model in self._warming
+            and self.incidents.state(model) is not State.CLEAR
+        )
 
     def step(self, snapshot: Snapshot) -> Evaluation:
         if not self.window.push(snapshot):
@@ -52,7 +84,8 @@ class Evaluator:
             s = self.window.signals(model)
             d = diagnose(s, self.rulebook)
             signals[model], diagnoses[model] = s, d
-            transitions.extend(self.incidents.observe(d))
+            if not self._held(model, d, snapshot.at):
+                transitions.extend(self.incidents.observe(d))
         self.incidents.forget_clear(set(diagnoses))
         return Evaluation(
             at=snapshot.at,

@@ -21,10 +21,11 @@ alert identity per (model, cause), as Alertmanager groups them: a changed cause 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from daemon.core.model import Cause, Diagnosis, Reason, Transition
+from daemon.core.model import CAUSES, Cause, Diagnosis, Reason, Transition
 
 
 class State(enum.StrEnum):
@@ -116,6 +117,39 @@ class _Track:
 
 
 @dataclass(frozen=True, slots=True)
+class TrackRecord:
+    """One model's incident state as plain data: what a restart needs to carry on exactly
+    where it stopped (``IncidentTracker.export`` and ``restore``). Only a model whose
+    state is not ``clear`` has one: a clear track holds nothing worth keeping.
+
+    Validated on construction, so a damaged record from outside is refused, never fed
+    into the state table."""
+
+    model_name: str
+    state: State
+    run: int
+    cause: Cause | None
+    started_at: float
+    challenger: Cause | None = None
+    challenger_run: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.state, State) or self.state is State.CLEAR:
+            raise ValueError(f"a kept incident cannot be in state {self.state!r}")
+        for name in ("cause", "challenger"):
+            value = getattr(self, name)
+            if value is not None and value not in CAUSES:
+                raise ValueError(f"{name} {value!r} is not a cause")
+        open_ = self.state in (State.FIRING, State.RESOLVING)
+        if open_ != (self.cause is not None):
+            raise ValueError(f"a {self.state} incident {'needs' if open_ else 'has no'} cause")
+        if self.run < 0 or self.challenger_run < 0:
+            raise ValueError("counts cannot be negative")
+        if self.started_at != self.started_at:  # NaN
+            raise ValueError("started_at is not a number")
+
+
+@dataclass(frozen=True, slots=True)
 class Active:
     """An incident that is firing now."""
 
@@ -144,6 +178,35 @@ class IncidentTracker:
             for model, t in sorted(self._tracks.items())
             if t.cause is not None and t.state in (State.FIRING, State.RESOLVING)
         ]
+
+    def export(self) -> tuple[TrackRecord, ...]:
+        """Every model's state that is not ``clear``, as plain data, sorted by model."""
+        return tuple(
+            TrackRecord(
+                model_name=model,
+                state=t.state,
+                run=t.run,
+                cause=t.cause if t.state in (State.FIRING, State.RESOLVING) else None,
+                started_at=t.started_at,
+                challenger=t.challenger,
+                challenger_run=t.challenger_run,
+            )
+            for model, t in sorted(self._tracks.items())
+            if t.state is not State.CLEAR
+        )
+
+    def restore(self, records: Iterable[TrackRecord]) -> None:
+        """Carry on from ``export``'s records (after a restart): replaces those models'
+        tracks; the next ``observe`` continues their counts as if nothing had stopped."""
+        for r in records:
+            self._tracks[r.model_name] = _Track(
+                state=r.state,
+                run=r.run,
+                cause=r.cause,
+                started_at=r.started_at,
+                challenger=r.challenger,
+                challenger_run=r.challenger_run,
+            )
 
     def forget_clear(self, keep: set[str]) -> None:
         """Drop the tracks of models not in ``keep`` that have nothing open: a model that
