@@ -4,8 +4,9 @@
 #
 # Two stages: the build stage installs the package into a virtual environment; the final
 # stage copies only that environment onto a fresh slim base (no pip cache, no sources).
-# It runs as a numeric non-root user, writes nothing at run time (bytecode is compiled
-# at build time, logs go to stderr), so it works with a read-only root filesystem.
+# It runs as a numeric non-root user and writes nothing to its root filesystem (bytecode
+# is compiled at build time, logs go to stderr), so it works with a read-only root
+# filesystem; its alert state goes to /var/lib/vllm-triage, a volume.
 # vllm-triage handles SIGTERM itself as PID 1: it stops scraping, delivers pending
 # notifications for up to shutdown_grace_seconds, and exits 0.
 
@@ -25,6 +26,11 @@ LABEL org.opencontainers.image.title="vllm-triage" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /opt/vllm-triage /opt/vllm-triage
 COPY deploy/container/triage.yaml /etc/vllm-triage/triage.yaml
+# state_dir in triage.yaml: open incidents and undelivered notifications survive a
+# restart there. A volume, so it is writable under --read-only; owned by the runtime
+# user, which a new named volume inherits.
+RUN mkdir -p /var/lib/vllm-triage && chown 65532:65532 /var/lib/vllm-triage
+VOLUME ["/var/lib/vllm-triage"]
 ENV PATH=/opt/vllm-triage/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1

@@ -10,7 +10,8 @@ help:
 	@echo "make test   run the test suite"
 	@echo "make lint   ruff and mypy --strict"
 	@echo "make bench  benchmarks: the core against prometheus_client, targets per core,"
-	@echo "            memory over simulated hours, detection and delivery latency"
+	@echo "            memory over simulated hours, detection and delivery latency,"
+	@echo "            the state store's cost per write"
 	@echo "make demo   run the built-in demo"
 	@echo "make golden regenerate tests/golden/metrics.prom (read the diff before committing)"
 
@@ -31,6 +32,7 @@ lint: venv
 bench: venv
 	$(BIN)/python bench/bench_core.py
 	$(BIN)/python bench/bench_daemon.py
+	$(BIN)/python bench/bench_store.py
 
 demo: venv
 	$(BIN)/vllm-triage demo

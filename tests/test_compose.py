@@ -84,6 +84,53 @@ class TestStacks:
         }
         assert targets == {"vllm:8000", "vllm-triage:9468"}
 
+    def test_the_monitor_gates_nothing(self, name: str) -> None:
+        """vLLM never waits on vllm-triage (started or healthy), nothing else waits on
+        its health, and it restarts alone."""
+        services = stack(name)["services"]
+        assert "vllm-triage" not in services["vllm"].get("depends_on", [])
+        for other, service in services.items():
+            needs = service.get("depends_on", {})
+            if isinstance(needs, dict) and "vllm-triage" in needs:
+                assert needs["vllm-triage"].get("condition") != "service_healthy", other
+        triage = services["vllm-triage"]
+        assert triage["restart"] in ("unless-stopped", "always", "on-failure")
+
+    def test_state_volume_grace_and_memory(self, name: str) -> None:
+        """The read-only container keeps its state on a named volume where its settings
+        say; stop_grace_period covers the delivery grace; the memory limit is the
+        Kubernetes sidecar's (derived there)."""
+        service = stack(name)["services"]["vllm-triage"]
+        command = service["command"]
+        settings = load_settings(
+            mounted(name, "vllm-triage", command[command.index("--config") + 1])
+        )
+        state = settings.state_path(None)
+        assert state is not None
+        named = [v.split(":") for v in service["volumes"] if not v.startswith((".", "/"))]
+        assert len(named) == 1, named
+        source, target = named[0][:2]
+        assert target == str(state) and source in stack(name)["volumes"]
+        assert service["read_only"] is True
+        grace = float(service["stop_grace_period"].removesuffix("s"))
+        assert grace >= settings.shutdown_grace_seconds + 5
+        limit = service["deploy"]["resources"]["limits"]["memory"]
+        deployment = yaml.safe_load_all(
+            (ROOT / "deploy" / "kubernetes" / "deployment.yaml").read_text(encoding="utf-8")
+        )
+        pod = next(d for d in deployment if d and d["kind"] == "Deployment")["spec"]["template"]
+        sidecar = next(c for c in pod["spec"]["initContainers"] if c["name"] == "vllm-triage")
+        assert limit.removesuffix("M") == sidecar["resources"]["limits"]["memory"].removesuffix(
+            "Mi"
+        )
+
+
+def test_vllm_drains_within_its_stop_grace_period() -> None:
+    vllm = stack("compose.yaml")["services"]["vllm"]
+    drain = int(vllm["command"][vllm["command"].index("--shutdown-timeout") + 1])
+    assert drain > 0
+    assert float(vllm["stop_grace_period"].removesuffix("s")) >= drain + 5
+
 
 def test_the_simulated_stack_runs_a_real_simulate_command() -> None:
     vllm = stack("compose.simulated.yaml")["services"]["vllm"]

@@ -124,3 +124,17 @@ def test_nothing_is_written_at_run_time() -> None:
     env = " ".join(args for w, args in stage if w == "ENV")
     assert "PYTHONDONTWRITEBYTECODE=1" in env
     assert any("compileall" in args for w, args in instructions() if w == "RUN")
+
+
+def test_the_state_dir_is_a_volume_the_user_owns() -> None:
+    """The default settings keep state where the image declares a volume (writable under
+    --read-only), created and owned by the user it runs as."""
+    stage = final_stage()
+    settings = load_settings(ROOT / "deploy" / "container" / "triage.yaml")
+    state = settings.state_path(None)
+    assert state is not None and state.is_absolute()
+    volumes = [json.loads(args) for w, args in stage if w == "VOLUME"]
+    assert [str(state)] in volumes
+    user = next(args for w, args in stage if w == "USER")
+    made = [args for w, args in stage if w == "RUN" and str(state) in args]
+    assert made and f"chown {user} {state}" in made[0]
