@@ -11,7 +11,7 @@ help:
 	@echo "make lint   ruff and mypy --strict"
 	@echo "make bench  benchmarks: the core against prometheus_client, targets per core,"
 	@echo "            memory over simulated hours, detection and delivery latency,"
-	@echo "            the state store's cost per write"
+	@echo "            the state store's cost per write, peak memory under the largest scrape"
 	@echo "make demo   run the built-in demo"
 	@echo "make golden regenerate tests/golden/metrics.prom (read the diff before committing)"
 
@@ -33,6 +33,7 @@ bench: venv
 	$(BIN)/python bench/bench_core.py
 	$(BIN)/python bench/bench_daemon.py
 	$(BIN)/python bench/bench_store.py
+	$(BIN)/python bench/bench_peak_rss.py
 
 demo: venv
 	$(BIN)/vllm-triage demo

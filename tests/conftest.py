@@ -101,3 +101,15 @@ def snapshot_models(snapshot: Any) -> dict[str, dict[str, Any]]:
 def vllm_fixture(request: pytest.FixtureRequest) -> Path:
     path: Path = request.param
     return path
+
+
+@pytest.fixture(autouse=True)
+def own_state_home(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """`vllm-triage run` keeps alert state in $XDG_STATE_HOME/vllm-triage unless told: each
+    test gets a folder of its own, so that no test restores another's alerts (or the
+    user's). Subprocesses inherit it."""
+    home = tmp_path_factory.mktemp("state-home")
+    monkeypatch.setenv("XDG_STATE_HOME", str(home))
+    return home

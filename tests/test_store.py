@@ -27,8 +27,16 @@ from daemon.core.model import Diagnosis, Reason, Transition
 from daemon.delivery import Delivery
 from daemon.notifier import Notifier
 from daemon.receivers import Notification, build_receiver
+from daemon.service import Daemon
 from daemon.settings import Settings, load_settings
-from daemon.store import FILE_NAME, SCHEMA_VERSION, StateStore, alert_from_json, alert_to_json
+from daemon.store import (
+    FILE_NAME,
+    SCHEMA_VERSION,
+    StateStore,
+    alert_from_json,
+    alert_to_json,
+    default_state_dir,
+)
 
 from harness import Receiver
 
@@ -322,3 +330,47 @@ class TestNotifierAndDelivery:
         store.close()
         kept = opened(tmp_path).restored.outbox
         assert [n.what for _, n in kept["pager"]] == ["left at shutdown"]
+
+
+class TestWhere:
+    def test_run_defaults_to_the_xdg_state_folder(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+        assert default_state_dir() == tmp_path / "xdg" / "vllm-triage"
+        monkeypatch.delenv("XDG_STATE_HOME")
+        monkeypatch.setenv("HOME", str(tmp_path / "home"))
+        assert default_state_dir() == tmp_path / "home" / ".local" / "state" / "vllm-triage"
+
+    @pytest.mark.parametrize(
+        ("value", "auto", "expected"),
+        [
+            ("auto", Path("/x/auto"), Path("/x/auto")),
+            ("auto", None, None),  # an in-process daemon (the tests) keeps nothing
+            (None, Path("/x/auto"), None),  # state_dir: null keeps nothing anywhere
+            ("/var/lib/vllm-triage", None, Path("/var/lib/vllm-triage")),
+        ],
+    )
+    def test_state_dir_setting(
+        self, value: str | None, auto: Path | None, expected: Path | None
+    ) -> None:
+        settings = load_settings(flags={"state_dir": value})
+        assert settings.state_path(auto) == expected
+
+    def test_run_keeps_state_where_the_setting_says(
+        self, tmp_path: Path, own_state_home: Path
+    ) -> None:
+        """The daemon as `run` builds it opens its store in $XDG_STATE_HOME/vllm-triage."""
+        settings = load_settings(
+            flags={
+                "listen": "127.0.0.1:0",
+                "targets": [{"name": "t", "url": "http://127.0.0.1:9/m"}],
+            }
+        )
+        daemon = Daemon(settings, default_state_dir=default_state_dir())
+        try:
+            assert daemon.store is not None
+            assert daemon.store.path == own_state_home / "vllm-triage" / FILE_NAME
+        finally:
+            daemon.store.close()
+            daemon.http.stop()

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from daemon.core.model import Cause, Transition
@@ -140,7 +142,9 @@ def run_live_demo(
         for name, srv in servers.items()
     ]
     urls = {n: f"http://127.0.0.1:{srv.address[1]}/metrics" for n, srv in servers.items()}
-    with WebhookSink() as sink:
+    # The daemon keeps its alert state as `run` does, in a folder that goes with the demo.
+    with WebhookSink() as sink, tempfile.TemporaryDirectory(prefix="vllm-triage-demo-") as tmp:
+        state = Path(tmp)
 
         def settings(at: str) -> Settings:
             return demo_settings(
@@ -148,10 +152,12 @@ def run_live_demo(
             )
 
         try:
-            daemon = Daemon(settings(listen), clock=scaled_clock(speed))
+            daemon = Daemon(settings(listen), clock=scaled_clock(speed), default_state_dir=state)
         except OSError:
             # The default port is taken (another daemon?): any free port will do.
-            daemon = Daemon(settings("127.0.0.1:0"), clock=scaled_clock(speed))
+            daemon = Daemon(
+                settings("127.0.0.1:0"), clock=scaled_clock(speed), default_state_dir=state
+            )
         for t in threads:
             t.start()
         demo = _Demo(daemon, servers, scenarios, sink, total=total, speed=speed)
