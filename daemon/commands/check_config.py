@@ -22,6 +22,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     from daemon.assemble import build_rulebook
     from daemon.settings import load_settings
+    from daemon.store import default_state_dir
 
     settings = load_settings(args.config)
     # Building the rulebooks resolves each GPU name and reads each config.json too.
@@ -37,4 +38,6 @@ def run(args: argparse.Namespace) -> int:
             else (f"{c.tokens_per_second:.1f} tok/s per stream on {c.gpu}")
         )
         print(f"decode ceiling, {who}: {line}", file=sys.stderr)
+    state = settings.state_path(default_state_dir())
+    print(f"alert state (run): {state or 'not kept (state_dir: null)'}", file=sys.stderr)
     return 0
