@@ -240,6 +240,7 @@ def without_a_crash(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str,
     return told
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kill_at",
     [
