@@ -242,7 +242,9 @@ class TestModelSizeFromParameters:
     def test_seed_arithmetic(self) -> None:
         """8B parameters at float16 read 16e9 bytes per token, with no KV layout known."""
         size = model_size_from_parameters(8, "float16")
-        assert size == ModelSize(8e9, 16e9, None, "float16")
+        assert size == ModelSize(
+            8e9, 16e9, None, "float16", active_parameters=8e9, dense_weight_bytes=16e9
+        )
 
     def test_dtype_name_is_canonical(self) -> None:
         """Aliases are reported by their canonical name (``half`` is float16)."""
@@ -519,9 +521,9 @@ class TestModelSizeFromConfig:
         with pytest.raises(ConfigError, match=r"'text_config\.hidden_size'"):
             model_size_from_config({"text_config": {"num_hidden_layers": 2}})
 
-    def test_latent_attention_refused(self) -> None:
-        """DeepSeek's multi-head latent attention is not modelled and says so."""
-        with pytest.raises(ConfigError, match="kv_lora_rank"):
+    def test_latent_attention_needs_its_dims(self) -> None:
+        """Multi-head latent attention without its rotary dim is refused, naming the key."""
+        with pytest.raises(ConfigError, match="qk_rope_head_dim"):
             model_size_from_config({**TINY, "kv_lora_rank": 512})
 
     @pytest.mark.parametrize("value", ["4096", 0, -8, True, 8.0], ids=repr)

@@ -83,6 +83,10 @@ class ModelSeries:
     decode_time: Histogram | None = None
     prompt_length: Histogram | None = None
     generation_length: Histogram | None = None
+    spec_drafts: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
+    iteration_tokens: Histogram | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +164,20 @@ class Signals:
     decode_tokens_per_second_per_stream: float | None = None
     kv_pool_tokens: int | None = None
     missing: Mapping[str, str] = field(default_factory=dict)
+    #: Data-parallel engines serving the model (the gauges' series in the newest scrape).
+    engines: int = 1
+    #: Mean tokens per engine step (``vllm:iteration_tokens_total`` sum over count) and
+    #: the steps it covers; ``None`` when this vLLM does not expose the histogram.
+    iteration_tokens_mean: float | None = None
+    iteration_steps: float = 0.0
+    #: Speculative decoding's window increases: drafts (one per request per step),
+    #: draft tokens proposed, draft tokens accepted; ``None`` when it is off.
+    spec_drafts: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
+    #: Tokens one request gets per engine step: 1, or 1 + accepted / drafts under
+    #: speculative decoding (each draft step emits its accepted tokens plus one).
+    decode_tokens_per_step: float = 1.0
 
 
 Evidence = Mapping[str, float | int | str | bool | None]

@@ -170,6 +170,39 @@ class _Latency:
     quantiles: dict[float, Quantile | None] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class _EngineSteps:
+    """What the window says about engine steps: tokens per step (``iteration_tokens``)
+    and speculative decoding's drafts, from their window increases."""
+
+    tokens_mean: float | None = None
+    count: float = 0.0
+    drafts: float | None = None
+    draft_tokens: float | None = None
+    accepted: float | None = None
+    tokens_per_step: float = 1.0
+
+    @classmethod
+    def of(cls, counters: dict[str, float], iteration: Histogram | None) -> _EngineSteps:
+        drafts = counters.get("spec_drafts")
+        accepted = counters.get("spec_accepted_tokens")
+        per_step = 1.0
+        if drafts and accepted is not None:
+            per_step = 1.0 + accepted / drafts
+        return cls(
+            tokens_mean=(
+                iteration.sum / iteration.count
+                if iteration is not None and iteration.count > 0
+                else None
+            ),
+            count=iteration.count if iteration is not None else 0.0,
+            drafts=drafts,
+            draft_tokens=counters.get("spec_draft_tokens"),
+            accepted=accepted,
+            tokens_per_step=per_step,
+        )
+
+
 class Window:
     """The snapshots of the last ``seconds`` of one target, newest last.
 
@@ -263,6 +296,8 @@ class Window:
         for name in layout_changed:
             missing[f"{name}_layout"] = "bucket bounds changed inside the window"
         queued = hists.get("queue_time") if span > 0 else None
+        steps = _EngineSteps.of(counters, hists.get("iteration_tokens") if span > 0 else None)
+        newest_series = newest.models.get(model)
 
         return Signals(
             model_name=model,
@@ -295,11 +330,20 @@ class Window:
             generation_tokens_per_second=rates["generation_tokens_per_second"],
             mean_prompt_tokens=means["mean_prompt_tokens"],
             mean_generation_tokens=means["mean_generation_tokens"],
+            # One ITL sample per request per engine step, and a step may emit several
+            # tokens under speculative decoding: the rate is tokens per step / step.
             decode_tokens_per_second_per_stream=(
-                1.0 / itl.mean if itl.mean is not None and itl.mean > 0 else None
+                steps.tokens_per_step / itl.mean if itl.mean is not None and itl.mean > 0 else None
             ),
             kv_pool_tokens=newest.kv_pool.tokens if newest.kv_pool is not None else None,
             missing=missing,
+            engines=newest_series.engines if newest_series is not None else 1,
+            iteration_tokens_mean=steps.tokens_mean,
+            iteration_steps=steps.count,
+            spec_drafts=steps.drafts,
+            spec_draft_tokens=steps.draft_tokens,
+            spec_accepted_tokens=steps.accepted,
+            decode_tokens_per_step=steps.tokens_per_step,
         )
 
     def _latency(
