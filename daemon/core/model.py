@@ -166,10 +166,16 @@ class Signals:
     missing: Mapping[str, str] = field(default_factory=dict)
     #: Data-parallel engines serving the model (the gauges' series in the newest scrape).
     engines: int = 1
-    #: Mean tokens per engine step (``vllm:iteration_tokens_total`` sum over count) and
-    #: the steps it covers; ``None`` when this vLLM does not expose the histogram.
+    #: Tokens per engine step over the window (``vllm:iteration_tokens_total``'s bucket
+    #: deltas), its mean and the steps it covers; ``None`` when not exposed.
+    iteration_tokens: Histogram | None = None
     iteration_tokens_mean: float | None = None
     iteration_steps: float = 0.0
+    #: Running requests and KV usage averaged over the scrapes that found requests
+    #: running: what a decode step reads while there are steps (ITL samples exist only
+    #: then), undiluted by idle moments in the window.
+    running_busy_mean: float | None = None
+    kv_usage_busy_mean: float | None = None
     #: Speculative decoding's window increases: drafts (one per request per step),
     #: draft tokens proposed, draft tokens accepted; ``None`` when it is off.
     spec_drafts: float | None = None

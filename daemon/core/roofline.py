@@ -15,10 +15,11 @@ Pure arithmetic: no clock, no I/O; the same signals and facts give the same numb
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
-from daemon.core.model import Signals
+from daemon.core.model import Histogram, Signals
 from daemon.core.rulebook import Ceiling, Roofline
 
 Bound = Literal["memory", "compute"]
@@ -73,12 +74,34 @@ def weights_only(ceiling: Ceiling) -> Roofline:
 
 @dataclass(frozen=True, slots=True)
 class _Batch:
-    """Tokens computed per step (T), sequences per step (B) and draft length (k), per engine."""
+    """Tokens computed per step (T, the mean), how they spread over the window's steps
+    (share of steps, tokens), sequences per step (B) and draft length (k), per engine."""
 
     tokens: float
+    mix: tuple[tuple[float, float], ...]
     source: str
     sequences: float | None
     draft_length: float
+
+
+def _mix(h: Histogram, mean: float) -> tuple[tuple[float, float], ...]:
+    """The steps' token counts from the window's ``iteration_tokens`` buckets: each bucket
+    at its midpoint, all scaled so that their mean is the exact ``mean`` (sum / count).
+
+    Why not the mean alone: a step's floor is the larger of a memory term and a compute
+    term that grows with T, so a few long prefill steps among many decode steps cost more
+    than one step of the mean size would (the max is convex).
+    """
+    mix: list[tuple[float, float]] = []
+    lower, seen = 0.0, 0.0
+    for bound, cumulative in zip(h.bounds, h.cumulative, strict=True):
+        n = cumulative - seen
+        if n > 0:
+            mid = 2.0 * lower if math.isinf(bound) else (lower + bound) / 2.0
+            mix.append((n / h.count, max(mid, 1.0)))
+        lower, seen = bound, cumulative
+    scale = mean / sum(p * t for p, t in mix) if mix else 1.0
+    return tuple((p, t * scale) for p, t in mix) or ((1.0, mean),)
 
 
 def _batch(s: Signals, engines: int) -> _Batch:
@@ -87,22 +110,34 @@ def _batch(s: Signals, engines: int) -> _Batch:
     running requests, each computing 1 + k tokens, plus the prompt tokens per step."""
     drafts = s.spec_drafts or 0.0
     draft_length = (s.spec_draft_tokens or 0.0) / drafts if drafts > 0 else 0.0
-    sequences = s.running_mean / engines if s.running_mean is not None else None
-    if s.iteration_tokens_mean is not None and s.iteration_steps > 0:
+    running = s.running_busy_mean if s.running_busy_mean is not None else s.running_mean
+    sequences = running / engines if running is not None else None
+    h = s.iteration_tokens
+    if h is not None and s.iteration_tokens_mean is not None and s.iteration_steps > 0:
         rejected = 0.0
         if drafts > 0:
             rejected = max(0.0, (s.spec_draft_tokens or 0.0) - (s.spec_accepted_tokens or 0.0))
-        tokens = s.iteration_tokens_mean + rejected / s.iteration_steps
-        source = "vllm:iteration_tokens_total"
-    elif sequences is not None:
-        step = s.itl_mean or 0.0
-        tokens = sequences * (1.0 + draft_length) + (s.prompt_tokens_per_second or 0.0) * step / (
-            engines
-        )
-        source = "vllm:num_requests_running"
-    else:
-        tokens, source = 1.0, "unknown (one token assumed)"
-    return _Batch(max(tokens, 1.0), source, sequences, draft_length)
+        tokens = max(s.iteration_tokens_mean + rejected / s.iteration_steps, 1.0)
+        return _Batch(tokens, _mix(h, tokens), ITERATION_TOKENS, sequences, draft_length)
+    if sequences is not None:
+        prompts = (s.prompt_tokens_per_second or 0.0) * (s.itl_mean or 0.0) / engines
+        tokens = max(sequences * (1.0 + draft_length) + prompts, 1.0)
+        return _Batch(tokens, ((1.0, tokens),), RUNNING, sequences, draft_length)
+    return _Batch(1.0, ((1.0, 1.0),), "unknown (one token assumed)", sequences, draft_length)
+
+
+ITERATION_TOKENS = "vllm:iteration_tokens_total"
+RUNNING = "vllm:num_requests_running"
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """One step of ``tokens`` tokens: what it reads and computes, and how long it must take."""
+
+    weights: float
+    flops: float | None
+    memory_s: float
+    compute_s: float
 
 
 def step_roofline(s: Signals, hw: Roofline) -> StepRoofline | None:
@@ -119,18 +154,10 @@ def step_roofline(s: Signals, hw: Roofline) -> StepRoofline | None:
     bandwidth = hw.memory_bandwidth_gb_s * 1e9 * hw.achievable_fraction
     compute = hw.compute_tflops * 1e12 if hw.compute_tflops else None
 
-    weights = hw.weight_bytes
-    touched: float | None = None
-    if hw.routed_expert_bytes > 0 and hw.num_experts > 0:
-        # Uniform routing: each token picks k of E experts, so the step touches
-        # E * (1 - (1 - k/E)^T) distinct experts per MoE layer.
-        touched = 1.0 - (1.0 - hw.experts_per_token / hw.num_experts) ** batch.tokens
-        weights += hw.routed_expert_bytes * touched
-    weights /= tp
-
+    usage = s.kv_usage_busy_mean if s.kv_usage_busy_mean is not None else s.kv_usage_mean
     resident = None
-    if s.kv_pool_tokens and s.kv_usage_mean is not None:
-        resident = s.kv_usage_mean * s.kv_pool_tokens / engines
+    if s.kv_pool_tokens and usage is not None:
+        resident = usage * s.kv_pool_tokens / engines
     kv: float | None = None
     if hw.kv_bytes_per_token is None:
         left_out.append("KV reads: model.kv_bytes_per_token unknown")
@@ -140,35 +167,52 @@ def step_roofline(s: Signals, hw: Roofline) -> StepRoofline | None:
         # KV heads split over the GPUs, but never below one head each (they replicate).
         split = min(tp, hw.kv_split) if hw.kv_split else tp
         kv = resident * hw.kv_bytes_per_token / split
-
-    flops: float | None = None
     if hw.active_parameters is None or compute is None:
         missing = "model.active_parameters_billion" if compute else "hardware.compute_tflops"
         left_out.append(f"compute: {missing} unknown")
-    else:
-        flops = 2.0 * hw.active_parameters * batch.tokens
-        if hw.attention_flops_per_context_token and resident and batch.sequences:
-            # Each computed token attends to its sequence's context once.
-            flops += (
-                hw.attention_flops_per_context_token * resident * (batch.tokens / batch.sequences)
-            )
-        flops /= tp
 
-    memory_s = (weights + (kv or 0.0)) / bandwidth
-    compute_s = flops / compute if flops is not None and compute else 0.0
+    def at(tokens: float) -> _Step:
+        weights = hw.weight_bytes
+        if hw.routed_expert_bytes > 0 and hw.num_experts > 0:
+            # Uniform routing: T tokens each pick k of E experts, so the step touches
+            # E * (1 - (1 - k/E)^T) distinct experts per MoE layer.
+            share = 1.0 - (1.0 - hw.experts_per_token / hw.num_experts) ** tokens
+            weights += hw.routed_expert_bytes * share
+        weights /= tp
+        flops: float | None = None
+        if hw.active_parameters is not None and compute is not None:
+            flops = 2.0 * hw.active_parameters * tokens
+            if hw.attention_flops_per_context_token and resident and batch.sequences:
+                # Each computed token attends to its sequence's context once.
+                per_sequence = resident / batch.sequences
+                flops += hw.attention_flops_per_context_token * per_sequence * tokens
+            flops /= tp
+        memory_s = (weights + (kv or 0.0)) / bandwidth
+        compute_s = flops / compute if flops is not None and compute else 0.0
+        return _Step(weights, flops, memory_s, compute_s)
+
+    steps = [(p, at(tokens)) for p, tokens in batch.mix]
+    target_s = sum(p * max(st.memory_s, st.compute_s) for p, st in steps)
+    compute_bound_s = sum(p * st.compute_s for p, st in steps if st.compute_s > st.memory_s)
+    weights = sum(p * st.weights for p, st in steps)
+    flops = None if steps[0][1].flops is None else sum(p * (st.flops or 0.0) for p, st in steps)
+    touched = None
+    if hw.routed_expert_bytes > 0 and hw.num_experts > 0:
+        touched = (weights * tp - hw.weight_bytes) / hw.routed_expert_bytes
+
     draft_bytes: float | None = None
     draft_s = 0.0
     if batch.draft_length > 0:
         if hw.draft_weight_bytes is None:
             left_out.append("draft reads: model.draft_parameters_billion unknown")
         else:
-            # k sequential draft forwards, each reading the draft's weights once.
+            # k draft forwards one after the other, each reading the draft's weights once.
             per_forward = hw.draft_weight_bytes / tp
             draft_bytes = per_forward * batch.draft_length
             draft_flops = 2.0 * (hw.draft_parameters or 0.0) * (batch.sequences or 1.0) / tp
             per_s = max(per_forward / bandwidth, draft_flops / compute if compute else 0.0)
             draft_s = batch.draft_length * per_s
-    bound: Bound = "compute" if compute_s > memory_s else "memory"
+    bound: Bound = "compute" if compute_bound_s > target_s / 2 else "memory"
     dominant: Term = "compute"
     if bound == "memory":
         parts: tuple[tuple[float, Term], ...] = (
@@ -180,7 +224,7 @@ def step_roofline(s: Signals, hw: Roofline) -> StepRoofline | None:
     return StepRoofline(
         gpu=hw.gpu,
         step_seconds=step,
-        floor_seconds=max(memory_s, compute_s) + draft_s,
+        floor_seconds=target_s + draft_s,
         bound_by=bound,
         dominant=dominant,
         weight_bytes=weights,

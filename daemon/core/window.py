@@ -175,6 +175,7 @@ class _EngineSteps:
     """What the window says about engine steps: tokens per step (``iteration_tokens``)
     and speculative decoding's drafts, from their window increases."""
 
+    histogram: Histogram | None = None
     tokens_mean: float | None = None
     count: float = 0.0
     drafts: float | None = None
@@ -190,6 +191,7 @@ class _EngineSteps:
         if drafts and accepted is not None:
             per_step = 1.0 + accepted / drafts
         return cls(
+            histogram=iteration,
             tokens_mean=(
                 iteration.sum / iteration.count
                 if iteration is not None and iteration.count > 0
@@ -259,6 +261,8 @@ class Window:
         waiting = _Gauge.of([m.waiting for m in series], "waiting_mean", missing)
         kv = _Gauge.of([m.kv_usage for m in series], "kv_usage_mean", missing)
         kv_max = max((m.kv_usage_max for m in series if m.kv_usage_max is not None), default=None)
+        busy = [m for m in series if m.running]
+        busy_kv = [m.kv_usage for m in busy if m.kv_usage is not None]
 
         # Counters and histograms: the steps after the window's first snapshot.
         counters, hists, layout_changed = _window_deltas(
@@ -338,7 +342,10 @@ class Window:
             kv_pool_tokens=newest.kv_pool.tokens if newest.kv_pool is not None else None,
             missing=missing,
             engines=newest_series.engines if newest_series is not None else 1,
+            iteration_tokens=steps.histogram,
             iteration_tokens_mean=steps.tokens_mean,
+            running_busy_mean=(sum(m.running or 0.0 for m in busy) / len(busy) if busy else None),
+            kv_usage_busy_mean=sum(busy_kv) / len(busy_kv) if busy_kv else None,
             iteration_steps=steps.count,
             spec_drafts=steps.drafts,
             spec_draft_tokens=steps.draft_tokens,
