@@ -142,7 +142,7 @@ class TestRulebook:
             "hardware: {gpu: h100}\n"
             "model: {parameters_billion: 8, draft_parameters_billion: 1, draft_dtype: fp7}\n"
         )
-        with pytest.raises(ConfigError, match="model.draft_dtype: unknown dtype 'fp7'"):
+        with pytest.raises(ConfigError, match=r"model\.draft_dtype: unknown dtype 'fp7'"):
             build_rulebook(load_settings(self.write(tmp_path, text)))
 
     def test_decode_remediation_by_term(self) -> None:

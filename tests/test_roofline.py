@@ -214,24 +214,26 @@ class TestMixtureOfExperts:
         assert r.weight_bytes * 8 == pytest.approx(17.2e9 + 653.9e9 * 8 / 256)
 
 
-class TestSpeculativeDecoding:
-    DRAFTED = dict(
-        itl_mean=0.012,
-        running_mean=16.0,
-        spec_drafts=1000.0,
-        spec_draft_tokens=4000.0,
-        spec_accepted_tokens=2000.0,
-        decode_tokens_per_step=3.0,
-        iteration_tokens=iteration({64.0: 100}, 100 * 48.0),
-        iteration_tokens_mean=48.0,
-        iteration_steps=100.0,
-    )
+#: 16 streams drafting k = 4 tokens per step, half of them accepted (tau = 3).
+DRAFTED: dict[str, Any] = dict(
+    itl_mean=0.012,
+    running_mean=16.0,
+    spec_drafts=1000.0,
+    spec_draft_tokens=4000.0,
+    spec_accepted_tokens=2000.0,
+    decode_tokens_per_step=3.0,
+    iteration_tokens=iteration({64.0: 100}, 100 * 48.0),
+    iteration_tokens_mean=48.0,
+    iteration_steps=100.0,
+)
 
+
+class TestSpeculativeDecoding:
     def test_draft_forwards_add_their_reads(self) -> None:
         """k = 4 draft forwards of a 1.24B bf16 draft, one after the other, each reading
         its 2.48 GB; the target verifies the emitted tokens plus the rejected drafts."""
         hw = dataclasses.replace(DENSE_8B, draft_weight_bytes=2.48e9, draft_parameters=1.24e9)
-        r = roof(signals(**self.DRAFTED), hw)
+        r = roof(signals(**DRAFTED), hw)
         assert r.draft_bytes == pytest.approx(4 * 2.48e9)
         # 48 tokens emitted a step, plus (4000 - 2000) rejected drafts over 100 steps
         assert r.batch_tokens == pytest.approx(48 + 20)
@@ -239,13 +241,13 @@ class TestSpeculativeDecoding:
         assert r.tokens_per_step == 3.0
 
     def test_unknown_draft_is_named_not_zero(self) -> None:
-        r = roof(signals(**self.DRAFTED))
+        r = roof(signals(**DRAFTED))
         assert r.draft_bytes is None
         assert any("model.draft_parameters_billion" in item for item in r.left_out)
 
     def test_running_requests_compute_one_plus_k_tokens(self) -> None:
         """Without the iteration histogram, each running request computes 1 + k tokens."""
-        changes = {**self.DRAFTED, "iteration_tokens": None, "iteration_tokens_mean": None}
+        changes = {**DRAFTED, "iteration_tokens": None, "iteration_tokens_mean": None}
         r = roof(signals(**changes))
         assert r.batch_tokens == pytest.approx(16 * (1 + 4))
         assert r.batch_tokens_source == RUNNING
