@@ -402,7 +402,7 @@ class Engine:
         if not prefill and not decode:
             raise RuntimeError("scheduler stalled: a waiting request can never be admitted")
         floor = self._floor(prefill, decode)
-        return _Step(self._now + spec.step_overhead_s + floor, prefill, decode, floor)
+        return _Step(self._now + (spec.step_overhead_s + floor), prefill, decode, floor)
 
     def _admit(self, budget: int, prefill: list[tuple[_Request, int]]) -> None:
         spec = self.spec
