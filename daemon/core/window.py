@@ -95,6 +95,13 @@ def _window_deltas(
             counters[name] = new - old
         else:
             hists[name] = histogram_delta(new, old)
+    # A field no step has (speculative decoding off, an older vLLM) has nothing to sum:
+    # leaving it out keeps such windows off the step-by-step path.
+    slow = [
+        name
+        for name in slow
+        if any(st is not None and (name in st.counters or name in st.histograms) for st in steps)
+    ]
     if slow:
         _sum_steps(slow, steps, counters, hists, layout_changed)
     return counters, hists, layout_changed
