@@ -1,8 +1,9 @@
 """The GPU table: published memory bandwidth (and compute) per card, from ``rules/gpus.yaml``.
 
 Bandwidth is the numerator of the decode ceiling (``docs/physics.md``); compute sets how
-fast prefill can go (the simulator uses it) and when a decode step turns compute-bound. Figures are published peaks; the table is
-data users can read and extend, not constants in code.
+fast prefill can go (the simulator uses it) and when a decode step turns compute-bound.
+Figures are published peaks; the table is data users can read and extend, not constants
+in code.
 """
 
 from __future__ import annotations
