@@ -117,6 +117,7 @@ def roofline(settings: Settings, size: ModelSize | None = None) -> Roofline | No
         active_parameters_billion=m.active_parameters_billion,
         draft_parameters_billion=m.draft_parameters_billion,
         draft_dtype=m.draft_dtype,
+        draft_kv_bytes_per_token=m.draft_kv_bytes_per_token,
     )
 
 

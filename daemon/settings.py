@@ -81,6 +81,7 @@ class ModelSettings(BaseModel):
     active_parameters_billion: float | None = Field(default=None, gt=0)
     draft_parameters_billion: float | None = Field(default=None, ge=0)
     draft_dtype: str | None = None
+    draft_kv_bytes_per_token: float | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _one_size(self) -> ModelSettings:

@@ -121,7 +121,8 @@ class TestRulebook:
         text = (
             "hardware: {gpu: h100, compute_tflops: 500, tensor_parallel_size: 2}\n"
             "model: {parameters_billion: 8, dtype: bf16, kv_bytes_per_token: 65536,"
-            " active_parameters_billion: 7, draft_parameters_billion: 1, draft_dtype: fp8}\n"
+            " active_parameters_billion: 7, draft_parameters_billion: 1, draft_dtype: fp8,"
+            " draft_kv_bytes_per_token: 32768}\n"
         )
         r = build_rulebook(load_settings(self.write(tmp_path, text))).roofline
         assert r is not None
@@ -129,6 +130,7 @@ class TestRulebook:
         assert r.weight_bytes == 16e9 and r.kv_bytes_per_token == 65536
         assert r.active_parameters == pytest.approx(7e9)
         assert r.draft_weight_bytes == pytest.approx(1e9) and r.draft_parameters == 1e9
+        assert r.draft_kv_bytes_per_token == 32768
         assert r.kv_split is None  # a parameter count says nothing of the KV heads
 
     def test_parameter_count_alone_leaves_kv_unknown(self, tmp_path: Path) -> None:

@@ -232,13 +232,40 @@ class TestSpeculativeDecoding:
     def test_draft_forwards_add_their_reads(self) -> None:
         """k = 4 draft forwards of a 1.24B bf16 draft, one after the other, each reading
         its 2.48 GB; the target verifies the emitted tokens plus the rejected drafts."""
-        hw = dataclasses.replace(DENSE_8B, draft_weight_bytes=2.48e9, draft_parameters=1.24e9)
+        hw = dataclasses.replace(
+            DENSE_8B,
+            draft_weight_bytes=2.48e9,
+            draft_parameters=1.24e9,
+            draft_kv_bytes_per_token=32768,
+        )
         r = roof(signals(**DRAFTED), hw)
-        assert r.draft_bytes == pytest.approx(4 * 2.48e9)
+        assert r.draft_bytes == pytest.approx(4 * 2.48e9)  # nothing in the cache yet
         # 48 tokens emitted a step, plus (4000 - 2000) rejected drafts over 100 steps
         assert r.batch_tokens == pytest.approx(48 + 20)
         assert r.floor_seconds == pytest.approx((16.06e9 + 4 * 2.48e9) / H100)
         assert r.tokens_per_step == 3.0
+
+    def test_a_draft_models_own_kv_is_read_by_each_forward(self) -> None:
+        """Each of the k forwards also reads the draft's KV of every sequence."""
+        hw = dataclasses.replace(
+            DENSE_8B,
+            draft_weight_bytes=2.48e9,
+            draft_parameters=1.24e9,
+            draft_kv_bytes_per_token=32768,
+        )
+        r = roof(signals(**{**DRAFTED, "kv_usage_mean": 0.1}), hw)
+        assert r.draft_bytes == pytest.approx(4 * (2.48e9 + 40_000 * 32768))
+        assert r.left_out == ()
+
+    def test_unknown_draft_kv_is_named(self) -> None:
+        hw = dataclasses.replace(DENSE_8B, draft_weight_bytes=2.48e9, draft_parameters=1.24e9)
+        r = roof(signals(**DRAFTED), hw)
+        assert r.left_out == ("draft KV reads: model.draft_kv_bytes_per_token unknown",)
+
+    def test_ngram_drafts_read_nothing(self) -> None:
+        hw = dataclasses.replace(DENSE_8B, draft_weight_bytes=0.0, draft_parameters=0.0)
+        r = roof(signals(**DRAFTED), hw)
+        assert r.draft_bytes == 0.0 and r.left_out == ()
 
     def test_unknown_draft_is_named_not_zero(self) -> None:
         r = roof(signals(**DRAFTED))

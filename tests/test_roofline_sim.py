@@ -35,6 +35,8 @@ LLAMA_8B = {"parameters_billion": 8.03, "dtype": "bfloat16", "kv_bytes_per_token
 H100 = {"gpu": "H100", "compute_tflops": H100_COMPUTE}
 #: An H100 80 GB at 0.9 utilization less 16 GB of weights: ~26,000 blocks of 16 tokens.
 POOL = 26_000
+#: A Llama-3.2-1B draft: 16 layers x 8 KV heads x 64 dims x 2 (K and V) x 2 bytes.
+DRAFT_KV = 16 * 8 * 64 * 2 * 2
 
 
 @dataclass(frozen=True)
@@ -94,10 +96,11 @@ def _regimes() -> dict[str, Regime]:
                 num_speculative_tokens=4,
                 draft_acceptance=a,
                 draft_parameters_billion=1.24,
+                draft_kv_bytes_per_token=DRAFT_KV,
             ),
             Workload(arrival_rate_per_s=1.0, burst=16, prompt_tokens=256, output_tokens=1000),
             H100,
-            {**LLAMA_8B, "draft_parameters_billion": 1.24},
+            {**LLAMA_8B, "draft_parameters_billion": 1.24, "draft_kv_bytes_per_token": DRAFT_KV},
         )
         for a in (0.3, 0.6, 0.9)
     }
@@ -279,7 +282,10 @@ def test_speculative_decoding_tokens_per_step(acceptance: float, tmp: Path) -> N
     assert float(ev["decode_tokens_per_step"]) == pytest.approx(expected, rel=0.05)
     per_stream = float(ev["decode_tokens_per_step"]) / float(ev["itl_mean_seconds"])
     assert float(ev["decode_tokens_per_second_per_stream"]) == pytest.approx(per_stream, rel=1e-4)
-    assert float(ev["decode_step_draft_bytes"]) == pytest.approx(4 * 1.24e9 * 2, rel=0.01)
+    # k forwards of the draft's 2.48 GB of weights and its KV of the 16 streams' contexts
+    draft = float(ev["decode_step_draft_bytes"])
+    kv = float(ev["decode_step_kv_bytes"])
+    assert draft == pytest.approx(4 * (1.24e9 * 2 + kv * DRAFT_KV / 131072), rel=0.01)
 
 
 def test_moe_batch_reads_more_experts(tmp: Path) -> None:

@@ -85,6 +85,7 @@ def build_roofline(
     active_parameters_billion: float | None = None,
     draft_parameters_billion: float | None = None,
     draft_dtype: str | None = None,
+    draft_kv_bytes_per_token: float | None = None,
 ) -> Roofline:
     """The core's ``Roofline`` for a model on a card: the sized figures, with the ones
     given by hand (KV bytes per token, active parameters) in their place.
@@ -127,4 +128,5 @@ def build_roofline(
         kv_split=size.kv_split,
         draft_weight_bytes=draft_bytes,
         draft_parameters=draft_params,
+        draft_kv_bytes_per_token=draft_kv_bytes_per_token,
     )

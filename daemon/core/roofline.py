@@ -4,8 +4,9 @@ decode roofline").
 
 A decode step reads the weights (a mixture of experts: the shared weights plus the
 experts its tokens touch), the KV cache of every running sequence, and a draft model's
-weights once per draft token; it multiplies every token it computes through the active
-parameters. It cannot take less than the longer of bytes / bandwidth and FLOPs / compute.
+weights (and its own KV cache) once per draft token; it multiplies every token it
+computes through the active parameters. It cannot take less than the longer of bytes /
+bandwidth and FLOPs / compute.
 vLLM observes one inter-token latency per request per engine step, so the mean ITL *is*
 the mean step: floor / mean ITL says how close to the hardware the server runs, whatever
 the batch, the context length or the speculative decoding.
@@ -206,8 +207,14 @@ def step_roofline(s: Signals, hw: Roofline) -> StepRoofline | None:
         if hw.draft_weight_bytes is None:
             left_out.append("draft reads: model.draft_parameters_billion unknown")
         else:
-            # k draft forwards one after the other, each reading the draft's weights once.
+            # k draft forwards one after the other, each reading the draft's weights and,
+            # for a separate draft model, its own KV cache of every sequence.
             per_forward = hw.draft_weight_bytes / tp
+            if hw.draft_weight_bytes > 0 and hw.draft_kv_bytes_per_token is None:
+                left_out.append("draft KV reads: model.draft_kv_bytes_per_token unknown")
+            elif hw.draft_kv_bytes_per_token and resident is not None:
+                split = min(tp, hw.kv_split) if hw.kv_split else tp
+                per_forward += resident * hw.draft_kv_bytes_per_token / split
             draft_bytes = per_forward * batch.draft_length
             draft_flops = 2.0 * (hw.draft_parameters or 0.0) * (batch.sequences or 1.0) / tp
             per_s = max(per_forward / bandwidth, draft_flops / compute if compute else 0.0)
@@ -244,7 +251,7 @@ def step_roofline(s: Signals, hw: Roofline) -> StepRoofline | None:
 _SETTINGS: dict[Term, tuple[str, ...]] = {
     "weights": ("model.parameters_billion / model.config_json", "model.dtype"),
     "kv": ("model.kv_bytes_per_token", "model.kv_cache_dtype"),
-    "draft": ("model.draft_parameters_billion",),
+    "draft": ("model.draft_parameters_billion", "model.draft_kv_bytes_per_token"),
     "compute": ("hardware.compute_tflops", "model.active_parameters_billion"),
 }
 _HARDWARE = (

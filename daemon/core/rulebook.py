@@ -67,8 +67,9 @@ class Roofline:
       token of its sequence, all layers together.
     - ``kv_bytes_per_token`` and ``kv_split``: the KV cache of one token, and over how
       many GPUs it can be split (its KV heads; 1 for a latent cache every GPU keeps whole).
-    - ``draft_weight_bytes`` and ``draft_parameters``: a draft model's weights, read once
-      per draft token (0 for n-gram drafting).
+    - ``draft_weight_bytes``, ``draft_parameters`` and ``draft_kv_bytes_per_token``: a
+      draft model's weights and its own KV cache per token, both read once per draft
+      token (0 for n-gram drafting).
     """
 
     gpu: str
@@ -86,6 +87,7 @@ class Roofline:
     kv_split: int | None = None
     draft_weight_bytes: float | None = None
     draft_parameters: float | None = None
+    draft_kv_bytes_per_token: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

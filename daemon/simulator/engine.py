@@ -95,6 +95,7 @@ class ServerSpec:
     draft_acceptance: float = 0.0
     draft_weight_bytes: float = 0.0
     draft_parameters: float = 0.0
+    draft_kv_bytes_per_token: float = 0.0
 
     def __post_init__(self) -> None:
         positive = (
@@ -121,7 +122,7 @@ class ServerSpec:
             0 < self.experts_per_token <= self.num_experts
         ):
             raise ValueError("routed experts need 1 <= experts_per_token <= num_experts")
-        draft = (self.draft_weight_bytes, self.draft_parameters)
+        draft = (self.draft_weight_bytes, self.draft_parameters, self.draft_kv_bytes_per_token)
         if self.num_speculative_tokens < 0 or min(draft) < 0:
             raise ValueError("speculative tokens and draft sizes must be >= 0")
         if not 0 <= self.draft_acceptance < 1:
@@ -452,23 +453,24 @@ class Engine:
             tokens += chunk
             pairs += chunk * req.computed + chunk * (chunk + 1) / 2
             context += req.computed + chunk
-        drafting = 0
+        drafting = drafted_context = 0
         for req, drafts in decode:
             # The token and its drafts, each attending to what came before it.
             tokens += 1 + drafts
             pairs += (1 + drafts) * (req.computed + 1) + drafts * (drafts + 1) / 2
             context += req.computed + 1 + drafts
-            drafting += drafts > 0
+            if drafts:
+                drafting += 1
+                drafted_context += req.computed + 1
         flops = 2 * spec.parameters * tokens + 4 * spec.num_layers * spec.hidden_size * pairs
         weights = spec.weight_bytes + self._experts_read(tokens)
         memory_s = (weights + spec.kv_bytes_per_token * context) / bandwidth
         floor = max(flops / compute, memory_s)
         draft_len = max((d for _, d in decode), default=0)
         if draft_len:
-            forward = max(
-                spec.draft_weight_bytes / bandwidth,
-                2 * spec.draft_parameters * drafting / compute,
-            )
+            # Each draft forward reads the draft's weights and its KV of every drafter.
+            draft_bytes = spec.draft_weight_bytes + spec.draft_kv_bytes_per_token * drafted_context
+            forward = max(draft_bytes / bandwidth, 2 * spec.draft_parameters * drafting / compute)
             floor += draft_len * forward
         return floor
 

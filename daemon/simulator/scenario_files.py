@@ -70,6 +70,7 @@ class ServerFields(_Strict):
     num_speculative_tokens: int | None = Field(default=None, ge=0)
     draft_acceptance: float | None = Field(default=None, ge=0, lt=1)
     draft_parameters_billion: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    draft_kv_bytes_per_token: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class WorkloadFields(_Strict):

@@ -40,6 +40,7 @@ def server_spec(
     num_experts: int = 0,
     experts_per_token: int = 0,
     draft_parameters_billion: float = 0.0,
+    draft_kv_bytes_per_token: float = 0.0,
     tensor_parallel_size: int = 1,
     kv_heads: int | None = None,
     **caps: Any,
@@ -54,7 +55,8 @@ def server_spec(
 
     A mixture of experts puts ``routed_experts_billion`` of its ``parameters_billion`` in
     ``num_experts`` routed experts, ``experts_per_token`` of them per token; a draft model
-    of ``draft_parameters_billion`` is stored like the model. Under tensor parallelism
+    of ``draft_parameters_billion`` is stored like the model, its KV cache holding
+    ``draft_kv_bytes_per_token``. Under tensor parallelism
     the spec is one GPU's: its share of the weights and FLOPs, and of the KV cache
     (``kv_heads`` split over the GPUs, replicated below one head each).
 
@@ -95,6 +97,7 @@ def server_spec(
         experts_per_token=experts_per_token,
         draft_weight_bytes=draft * size / tp,
         draft_parameters=draft / tp,
+        draft_kv_bytes_per_token=draft_kv_bytes_per_token / kv_split,
         num_layers=num_layers,
         hidden_size=hidden_size,
         num_gpu_blocks=num_gpu_blocks,
