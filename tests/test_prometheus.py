@@ -27,7 +27,6 @@ COLON_WARNING = "metric names should not contain ':'"
 VLLM_TOTAL_HISTOGRAM = 'vllm:iteration_tokens_total non-counter metrics should not have "_total"'
 
 
-
 def tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
