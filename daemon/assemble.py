@@ -10,11 +10,11 @@ from __future__ import annotations
 import functools
 
 from daemon.ceiling.gpus import find_gpu
-from daemon.ceiling.resolve import build_ceiling, model_size
+from daemon.ceiling.resolve import build_ceiling, build_roofline, model_size
 from daemon.ceiling.sizing import ModelSize
 from daemon.core.evaluate import Evaluator
 from daemon.core.model import CAUSES, Cause
-from daemon.core.rulebook import Ceiling, Rulebook, Slo, Thresholds
+from daemon.core.rulebook import Ceiling, Roofline, Rulebook, Slo, Thresholds
 from daemon.errors import ConfigError
 from daemon.rules import read_bundled
 from daemon.settings import Settings
@@ -37,6 +37,29 @@ def load_remediation() -> dict[Cause, tuple[str, ...]]:
     return out
 
 
+#: The keys of ``decode_roofline`` in rules/remediation.yaml.
+DECODE_TERMS = ("weights", "kv", "draft", "compute", "serving_stack", "settings")
+
+
+@functools.cache
+def load_decode_remediation() -> dict[str, tuple[str, ...]]:
+    """The decode-bound texts by what the roofline says binds (rules/remediation.yaml,
+    ``decode_roofline``); cached like ``load_remediation``."""
+    data = read_bundled("remediation.yaml")
+    section = data.get("decode_roofline") if isinstance(data, dict) else None
+    if not isinstance(section, dict):
+        raise ConfigError("rules/remediation.yaml: decode_roofline: expected a mapping")
+    out: dict[str, tuple[str, ...]] = {}
+    for term in DECODE_TERMS:
+        items = section.get(term)
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ConfigError(
+                f"rules/remediation.yaml: decode_roofline.{term}: expected a list of strings"
+            )
+        out[term] = tuple(items)
+    return out
+
+
 def settings_model_size(settings: Settings) -> ModelSize | None:
     m = settings.model
     return model_size(
@@ -48,7 +71,7 @@ def settings_model_size(settings: Settings) -> ModelSize | None:
     )
 
 
-def ceiling(settings: Settings) -> Ceiling | None:
+def ceiling(settings: Settings, size: ModelSize | None = None) -> Ceiling | None:
     """The decode ceiling, when both the hardware and the model size are known."""
     hw = settings.hardware
     name: str | None = None
@@ -57,7 +80,7 @@ def ceiling(settings: Settings) -> Ceiling | None:
         gpu = find_gpu(hw.gpu)
         name = gpu.name
         bandwidth = bandwidth or gpu.memory_bandwidth_gb_s
-    size = settings_model_size(settings)
+    size = size or settings_model_size(settings)
     if bandwidth is None or size is None:
         return None
     return build_ceiling(
@@ -69,8 +92,38 @@ def ceiling(settings: Settings) -> Ceiling | None:
     )
 
 
+def roofline(settings: Settings, size: ModelSize | None = None) -> Roofline | None:
+    """The decode step roofline's facts, when the hardware and the model size are known
+    (``docs/physics.md``, "The decode roofline"); hand-set keys replace the sized ones."""
+    hw, m = settings.hardware, settings.model
+    name: str | None = None
+    bandwidth, compute = hw.memory_bandwidth_gb_s, hw.compute_tflops
+    if hw.gpu is not None:
+        gpu = find_gpu(hw.gpu)
+        name = gpu.name
+        bandwidth = bandwidth or gpu.memory_bandwidth_gb_s
+        compute = compute or gpu.bf16_dense_tflops
+    size = size or settings_model_size(settings)
+    if bandwidth is None or size is None:
+        return None
+    return build_roofline(
+        name,
+        bandwidth,
+        size,
+        compute_tflops=compute,
+        tensor_parallel_size=hw.tensor_parallel_size,
+        achievable_fraction=hw.achievable_fraction,
+        kv_bytes_per_token=m.kv_bytes_per_token,
+        active_parameters_billion=m.active_parameters_billion,
+        draft_parameters_billion=m.draft_parameters_billion,
+        draft_dtype=m.draft_dtype,
+        draft_kv_bytes_per_token=m.draft_kv_bytes_per_token,
+    )
+
+
 def build_rulebook(settings: Settings) -> Rulebook:
     slo, th = settings.slo, settings.thresholds
+    size = settings_model_size(settings)
     return Rulebook(
         slo=Slo(
             ttft_p99_seconds=slo.ttft_p99_seconds,
@@ -85,9 +138,12 @@ def build_rulebook(settings: Settings) -> Rulebook:
             prefill_dominant_share=th.prefill_dominant_share,
             itl_spike_ratio=th.itl_spike_ratio,
             near_ceiling_ratio=th.near_ceiling_ratio,
+            roofline_impossible_ratio=th.roofline_impossible_ratio,
         ),
         remediation=load_remediation(),
-        ceiling=ceiling(settings),
+        ceiling=ceiling(settings, size),
+        roofline=roofline(settings, size),
+        decode_remediation=load_decode_remediation(),
     )
 
 

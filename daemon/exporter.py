@@ -28,6 +28,13 @@ P = "vllm_triage_"
 DIAGNOSES = ("healthy", *CAUSES)
 BREACHES = ("ttft_p99", "itl_p99", "waiting", "kv_preemptions")
 MODEL = ("target", "model_name")
+#: ``decode_step_bytes``'s ``part`` label and the evidence each comes from.
+ROOFLINE_PARTS = (
+    ("weights", "decode_step_weight_bytes"),
+    ("kv", "decode_step_kv_bytes"),
+    ("draft", "decode_step_draft_bytes"),
+)
+RESOURCES = ("memory", "compute")
 
 
 def _q(q: Quantile | None) -> float | None:
@@ -97,18 +104,52 @@ _SIGNALS: tuple[tuple[str, str, Callable[[Signals, Diagnosis], float | None]], .
     ),
     (
         "decode_tokens_per_second",
-        "Measured per-stream decode rate: 1 / mean inter-token latency.",
+        "Measured per-stream decode rate: tokens per step / mean inter-token latency.",
         lambda s, d: s.decode_tokens_per_second_per_stream,
     ),
     (
         "decode_ceiling_tokens_per_second",
-        "Per-stream decode ceiling: memory bandwidth / weight bytes read per token.",
+        "Single-stream decode ceiling: memory bandwidth / weight bytes read per token.",
         lambda s, d: _num(d.evidence.get("decode_ceiling_tokens_per_second")),
     ),
     (
         "decode_ceiling_ratio",
-        "Measured decode rate / hardware ceiling (can exceed 1 with speculative decoding).",
+        "Single-stream figure: per-stream decode rate / single-stream ceiling (weights only; "
+        "a batch is judged by decode_roofline_ratio).",
         lambda s, d: _num(d.evidence.get("decode_ceiling_ratio")),
+    ),
+    (
+        "decode_roofline_ratio",
+        "Decode step floor / measured step: near 1 at the hardware limit, far below it the "
+        "serving stack, above 1 impossible (the hardware or model settings are wrong).",
+        lambda s, d: _num(d.evidence.get("decode_roofline_ratio")),
+    ),
+    (
+        "decode_step_seconds",
+        "Measured decode step: mean inter-token latency (one sample per request per step).",
+        lambda s, d: _num(d.evidence.get("decode_step_seconds")),
+    ),
+    (
+        "decode_step_floor_seconds",
+        "Shortest the decode step can be, per GPU: max(bytes / bandwidth, FLOPs / compute) "
+        "plus draft forwards.",
+        lambda s, d: _num(d.evidence.get("decode_step_floor_seconds")),
+    ),
+    (
+        "decode_tokens_per_step",
+        "Tokens one request gets per engine step: 1 + accepted / drafts under speculative "
+        "decoding, else 1.",
+        lambda s, d: _num(d.evidence.get("decode_tokens_per_step")),
+    ),
+    (
+        "decode_step_tokens",
+        "Tokens an engine step computes (prompt, generated and rejected draft tokens).",
+        lambda s, d: _num(d.evidence.get("decode_batch_tokens_per_step")),
+    ),
+    (
+        "decode_kv_read_ratio",
+        "Share of a decode step's bytes that are KV cache reads (0..1).",
+        lambda s, d: _num(d.evidence.get("decode_kv_read_share")),
     ),
     (
         "prompt_tokens_per_second",
@@ -138,6 +179,7 @@ class TriageCollector(Collector):
         targets = list(self._targets())
         yield from self._target_health(targets)
         yield from self._signals(targets)
+        yield from self._decode_roofline(targets)
         yield from self._diagnoses(targets)
         yield from self._notifications()
         info = GaugeMetricFamily(
@@ -216,6 +258,36 @@ class TriageCollector(Collector):
                         fam.add_metric((t.name, model), value)
         yield from (fam for fam, _ in quantiles)
         yield from families
+
+    def _decode_roofline(self, targets: list[TargetState]) -> Iterator[Metric]:
+        """The decode step's bytes by part and which resource binds it
+        (``docs/physics.md``, "The decode roofline"); a part whose size is unknown is absent."""
+        parts = GaugeMetricFamily(
+            P + "decode_step_bytes",
+            "Bytes a decode step reads per GPU, by part: weights, kv (the KV cache of the "
+            "running sequences), draft (a draft model's forwards).",
+            labels=(*MODEL, "part"),
+        )
+        binding = GaugeMetricFamily(
+            P + "decode_binding_resource",
+            "1 for the resource that sets the decode step's floor (memory or compute), "
+            "0 for the other.",
+            labels=(*MODEL, "resource"),
+        )
+        for t in targets:
+            if not t.up or t.view is None:
+                continue
+            for model, d in sorted(t.view.evaluation.diagnoses.items()):
+                ev = d.evidence
+                for part, key in ROOFLINE_PARTS:
+                    value = _num(ev.get(key))
+                    if value is not None:
+                        parts.add_metric((t.name, model, part), value)
+                bound = ev.get("decode_bound_by")
+                if isinstance(bound, str):
+                    for resource in RESOURCES:
+                        binding.add_metric((t.name, model, resource), float(resource == bound))
+        yield from (parts, binding)
 
     def _diagnoses(self, targets: list[TargetState]) -> Iterator[Metric]:
         state = GaugeMetricFamily(

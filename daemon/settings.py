@@ -59,6 +59,7 @@ class ThresholdSettings(BaseModel):
     prefill_dominant_share: float = Field(gt=0, lt=1)
     itl_spike_ratio: float = Field(gt=1)
     near_ceiling_ratio: float = Field(gt=0, le=1)
+    roofline_impossible_ratio: float = Field(gt=1)
 
 
 class HardwareSettings(BaseModel):
@@ -67,6 +68,7 @@ class HardwareSettings(BaseModel):
     memory_bandwidth_gb_s: float | None = Field(default=None, gt=0)
     tensor_parallel_size: int = Field(default=1, ge=1)
     achievable_fraction: float = Field(default=1.0, gt=0, le=1)
+    compute_tflops: float | None = Field(default=None, gt=0)
 
 
 class ModelSettings(BaseModel):
@@ -75,11 +77,22 @@ class ModelSettings(BaseModel):
     dtype: str = "float16"
     config_json: Path | None = None
     kv_cache_dtype: str | None = None
+    kv_bytes_per_token: float | None = Field(default=None, gt=0)
+    active_parameters_billion: float | None = Field(default=None, gt=0)
+    draft_parameters_billion: float | None = Field(default=None, ge=0)
+    draft_dtype: str | None = None
+    draft_kv_bytes_per_token: float | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _one_size(self) -> ModelSettings:
         if self.parameters_billion is not None and self.config_json is not None:
             raise ValueError("give parameters_billion or config_json, not both")
+        if (
+            self.parameters_billion is not None
+            and self.active_parameters_billion is not None
+            and self.active_parameters_billion > self.parameters_billion
+        ):
+            raise ValueError("active_parameters_billion exceeds parameters_billion")
         return self
 
 

@@ -3,6 +3,7 @@ prometheus_client (the text format's reference parser) to hold our fast parser t
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,8 @@ def reference_models(text: str) -> dict[str, dict[str, Any]]:
                 else:
                     out[model][field] = sum(values)
             elif "buckets" in acc:
+                if "count" not in acc or "sum" not in acc or math.inf not in acc["buckets"]:
+                    continue  # a truncated histogram: the parser leaves it out too
                 bounds = tuple(sorted(acc["buckets"]))
                 out[model][field] = (
                     bounds,

@@ -39,8 +39,9 @@ TARGETS = (
         "decode",
         "decode",
         {
-            "hardware": {"memory_bandwidth_gb_s": 90},
-            "model": {"parameters_billion": 0.03, "dtype": "float32"},
+            "hardware": {"memory_bandwidth_gb_s": 90, "compute_tflops": 4},
+            # tests/realvllm/make_model.py: 4 layers x 2 KV heads x 64 dims x 2 x 4 bytes
+            "model": {"parameters_billion": 0.03, "dtype": "float32", "kv_bytes_per_token": 4096},
         },
     ),
 )

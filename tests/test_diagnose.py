@@ -10,7 +10,7 @@ import pytest
 from daemon.assemble import build_rulebook
 from daemon.core.diagnose import diagnose
 from daemon.core.model import Quantile, Signals
-from daemon.core.rulebook import Ceiling, Rulebook
+from daemon.core.rulebook import Ceiling, Roofline, Rulebook
 from daemon.settings import load_settings
 
 SETTINGS = load_settings()
@@ -234,6 +234,103 @@ class TestDecodeCeiling:
         assert d.cause == "decode_bound"
         assert "decode_ceiling_ratio" not in d.evidence
         assert d.evidence["decode_limit"] == "unknown"
+
+
+#: Llama-3.1-8B at bf16 on an H100 with its KV layout: the roofline's facts.
+H100_8B = Roofline(
+    gpu="NVIDIA H100 SXM",
+    memory_bandwidth_gb_s=3350,
+    weight_bytes=16.06e9,
+    compute_tflops=989.4,
+    active_parameters=8.03e9,
+    kv_bytes_per_token=131072,
+    kv_split=8,
+)
+
+
+def roofline_rules() -> Rulebook:
+    return dataclasses.replace(build_rulebook(SETTINGS), roofline=H100_8B)
+
+
+#: 150 streams holding 40 % of a 400,000-token pool: 16.06 GB of weights and 20.97 GB
+#: of KV a step, an 11.05 ms floor on an H100 (3.35 TB/s).
+BATCH = dict(itl_p99=q(0.3), running_mean=150.0, kv_usage_mean=0.4, kv_pool_tokens=400_000)
+FLOOR_S = (16.06e9 + 160_000 * 131072) / 3350e9
+
+
+class TestDecodeRoofline:
+    def test_at_the_floor_is_the_hardware_and_kv_comes_first(self) -> None:
+        """A step 1.1x its floor is at the hardware's limit; KV reads dominate, so the
+        first fix is an 8-bit KV cache, then the weights'."""
+        d = diagnose(signals(**BATCH, itl_mean=FLOOR_S * 1.1), roofline_rules())
+        ev = d.evidence
+        assert d.cause == "decode_bound"
+        assert ev["decode_limit"] == "hardware"
+        assert ev["decode_roofline_ratio"] == pytest.approx(1 / 1.1, rel=1e-4)
+        assert ev["decode_step_floor_seconds"] == pytest.approx(FLOOR_S, rel=1e-4)
+        assert (ev["decode_bound_by"], ev["decode_dominant_term"]) == ("memory", "kv")
+        assert "at the hardware limit, KV cache reads dominate" in d.summary
+        assert "fp8" in d.remediation[0]
+        assert any(r.startswith("Quantize") for r in d.remediation[3:])
+
+    def test_far_above_the_floor_is_the_serving_stack(self) -> None:
+        d = diagnose(signals(**BATCH, itl_mean=FLOOR_S * 4), roofline_rules())
+        assert d.evidence["decode_limit"] == "serving_stack"
+        assert "serving stack" in d.summary
+        assert "per-step overhead" in d.remediation[0]
+
+    def test_faster_than_the_floor_means_the_settings_are_wrong(self) -> None:
+        """A step half its floor is impossible: the summary says the settings are wrong
+        and names them, the KV setting first (the dominant term)."""
+        d = diagnose(signals(**BATCH, itl_mean=FLOOR_S / 2), roofline_rules())
+        ev = d.evidence
+        assert ev["decode_limit"] == "unknown"
+        assert "settings are wrong" in d.summary and "model.kv_bytes_per_token" in d.summary
+        assert str(ev["decode_settings_suspect"]).startswith("model.kv_bytes_per_token")
+        assert "hardware.tensor_parallel_size" in str(ev["decode_settings_suspect"])
+        assert "faster than the hardware and model settings allow" in d.remediation[0]
+
+    def test_compute_bound_steps_fix_tokens_per_step_first(self) -> None:
+        changes = dict(
+            itl_p99=q(0.3),
+            itl_mean=0.15,
+            running_mean=32.0,
+            kv_usage_mean=0.05,
+            kv_pool_tokens=400_000,
+            prompt_tokens_per_second=50_000.0,
+        )
+        d = diagnose(signals(**changes), roofline_rules())
+        assert d.evidence["decode_bound_by"] == "compute"
+        assert d.evidence["decode_limit"] == "hardware"
+        assert "fewer tokens per step" in d.remediation[0]
+
+    def test_healthy_carries_the_roofline(self) -> None:
+        """The roofline is evidence while healthy too (exported, drawn in Grafana)."""
+        d = diagnose(signals(**{**BATCH, "itl_p99": q(0.015)}, itl_mean=0.013), roofline_rules())
+        assert d.cause is None
+        assert d.evidence["decode_roofline_ratio"] == pytest.approx(FLOOR_S / 0.013, rel=1e-4)
+        assert "decode_limit" not in d.evidence
+
+    def test_unknown_kv_is_named_in_the_summary(self) -> None:
+        rules = dataclasses.replace(
+            roofline_rules(), roofline=dataclasses.replace(H100_8B, kv_bytes_per_token=None)
+        )
+        d = diagnose(signals(**BATCH, itl_mean=FLOOR_S * 1.1), rules)
+        assert "left out: KV reads" in d.summary
+        assert "model.kv_bytes_per_token" in str(d.evidence["decode_roofline_left_out"])
+
+    def test_spec_decode_per_stream_rate_in_the_summary(self) -> None:
+        d = diagnose(
+            signals(
+                **BATCH,
+                itl_mean=FLOOR_S * 1.1,
+                decode_tokens_per_step=2.5,
+                decode_tokens_per_second_per_stream=2.5 / (FLOOR_S * 1.1),
+            ),
+            roofline_rules(),
+        )
+        assert d.evidence["decode_tokens_per_step"] == 2.5
+        assert f"{2.5 / (FLOOR_S * 1.1):.3g} tok/s per stream" in d.summary
 
 
 class TestEvidence:

@@ -105,6 +105,54 @@ class TestRulebook:
             c is not None and 35 < c.tokens_per_second < 45
         )  # 600 GB/s over ~15 GB read per token
 
+    def test_roofline_from_a_config_json(self, tmp_path: Path) -> None:
+        """A config.json gives the roofline every term: routed experts apart, active
+        parameters, attention, KV bytes and heads; the card's compute from the table."""
+        cfg = f"hardware: {{gpu: h100}}\nmodel: {{config_json: {CONFIGS / 'qwen3-30b-a3b.json'}}}\n"
+        r = build_rulebook(load_settings(self.write(tmp_path, cfg))).roofline
+        assert r is not None
+        assert r.gpu == "NVIDIA H100 SXM" and r.compute_tflops == 989.4
+        assert (r.num_experts, r.experts_per_token, r.kv_split) == (128, 8, 4)
+        assert r.routed_expert_bytes == pytest.approx(48 * 128 * 3 * 2048 * 768 * 2)
+        assert r.kv_bytes_per_token == 98304
+        assert r.active_parameters is not None and 2.9e9 < r.active_parameters < 3.2e9
+        assert r.draft_weight_bytes is None
+
+    def test_roofline_hand_settings_replace_the_sized_ones(self, tmp_path: Path) -> None:
+        text = (
+            "hardware: {gpu: h100, compute_tflops: 500, tensor_parallel_size: 2}\n"
+            "model: {parameters_billion: 8, dtype: bf16, kv_bytes_per_token: 65536,"
+            " active_parameters_billion: 7, draft_parameters_billion: 1, draft_dtype: fp8,"
+            " draft_kv_bytes_per_token: 32768}\n"
+        )
+        r = build_rulebook(load_settings(self.write(tmp_path, text))).roofline
+        assert r is not None
+        assert (r.compute_tflops, r.tensor_parallel_size, r.gpu) == (500, 2, "2x NVIDIA H100 SXM")
+        assert r.weight_bytes == 16e9 and r.kv_bytes_per_token == 65536
+        assert r.active_parameters == pytest.approx(7e9)
+        assert r.draft_weight_bytes == pytest.approx(1e9) and r.draft_parameters == 1e9
+        assert r.draft_kv_bytes_per_token == 32768
+        assert r.kv_split is None  # a parameter count says nothing of the KV heads
+
+    def test_parameter_count_alone_leaves_kv_unknown(self, tmp_path: Path) -> None:
+        text = "hardware: {gpu: h100}\nmodel: {parameters_billion: 8}\n"
+        r = build_rulebook(load_settings(self.write(tmp_path, text))).roofline
+        assert r is not None and r.kv_bytes_per_token is None
+        assert r.active_parameters == pytest.approx(8e9)
+
+    def test_bad_draft_dtype_is_named(self, tmp_path: Path) -> None:
+        text = (
+            "hardware: {gpu: h100}\n"
+            "model: {parameters_billion: 8, draft_parameters_billion: 1, draft_dtype: fp7}\n"
+        )
+        with pytest.raises(ConfigError, match=r"model\.draft_dtype: unknown dtype 'fp7'"):
+            build_rulebook(load_settings(self.write(tmp_path, text)))
+
+    def test_decode_remediation_by_term(self) -> None:
+        texts = build_rulebook(load_settings()).decode_remediation
+        assert set(texts) == {"weights", "kv", "draft", "compute", "serving_stack", "settings"}
+        assert all(texts.values())
+
     def test_missing_config_json(self, tmp_path: Path) -> None:
         """A config.json that is not there is a ConfigError naming it."""
         with pytest.raises(ConfigError, match=r"nope\.json"):

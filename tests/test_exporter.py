@@ -58,8 +58,15 @@ SIGNAL_FAMILIES = (
     "decode_tokens_per_second",
     "decode_ceiling_tokens_per_second",
     "decode_ceiling_ratio",
+    "decode_roofline_ratio",
+    "decode_step_seconds",
+    "decode_step_floor_seconds",
+    "decode_tokens_per_step",
+    "decode_step_tokens",
     "prompt_tokens_per_second",
     "generation_tokens_per_second",
+    "decode_step_bytes",
+    "decode_binding_resource",
 )
 
 
@@ -205,6 +212,23 @@ class TestSignals:
         assert 100 < ceiling < 150  # an A100 80GB and an 8B model at 16 bits: ~127 tokens/s
         assert ratio == pytest.approx(measured / ceiling, rel=1e-4)
 
+    def test_decode_roofline_is_floor_over_step(self, text: str) -> None:
+        """The step roofline, healthy or not: floor / mean ITL, its byte split, and which
+        resource binds (the demo's rulebook knows only the weights: they are all of it)."""
+        for target in ("kv_pressure", "healthy"):
+            labels = {"target": target, "model_name": MODEL}
+            step = value(text, P + "decode_step_seconds", **labels)
+            floor = value(text, P + "decode_step_floor_seconds", **labels)
+            assert step == pytest.approx(value(text, P + "itl_mean_seconds", **labels), rel=1e-4)
+            ratio = value(text, P + "decode_roofline_ratio", **labels)
+            assert ratio == pytest.approx(floor / step, rel=1e-4)
+            weights = value(text, P + "decode_step_bytes", part="weights", **labels)
+            assert weights == pytest.approx(16.06e9)
+            assert not samples(text, P + "decode_step_bytes", part="kv", **labels)
+            assert value(text, P + "decode_binding_resource", resource="memory", **labels) == 1
+            assert value(text, P + "decode_binding_resource", resource="compute", **labels) == 0
+            assert value(text, P + "decode_tokens_per_step", **labels) == 1.0
+
     def test_quantile_gauges(self, text: str) -> None:
         """TTFT p50, p90, p99 and ITL p50, p99, one gauge each, ascending, per target."""
         for target in ("kv_pressure", "healthy"):
@@ -234,7 +258,7 @@ class TestSignals:
         ]
         assert len(ratios) >= 7, ratios
         for s in ratios:
-            if s.name == P + "decode_ceiling_ratio":
+            if s.name in (P + "decode_ceiling_ratio", P + "decode_roofline_ratio"):
                 assert s.value > 0, s
             else:
                 assert 0.0 <= s.value <= 1.0, s

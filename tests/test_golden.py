@@ -33,6 +33,9 @@ def test_the_golden_file_shows_both_incidents() -> None:
     decode = 'diagnosis="decode_bound",model_name="tiny-llama",target="decode"} 1.0'
     assert "vllm_triage_diagnosis{" + decode in text
     assert 'vllm_triage_decode_ceiling_ratio{model_name="tiny-llama",target="decode"}' in text
+    assert 'vllm_triage_decode_roofline_ratio{model_name="tiny-llama",target="decode"}' in text
+    for part in ("weights", "kv"):
+        assert f'vllm_triage_decode_step_bytes{{model_name="tiny-llama",part="{part}"' in text
 
 
 @pytest.mark.prometheus

@@ -379,11 +379,21 @@ class TestMetricNames:
             "vllm_triage_scrape_failures_total",
             "vllm_triage_notifications_sent_total",
             "vllm_triage_decode_ceiling_ratio",
+            "vllm_triage_decode_roofline_ratio",
+            "vllm_triage_decode_step_bytes",
         ):
             assert exported.get(name), name
 
     def test_key_metrics_are_on_the_dashboard(self, panels: list[dict[str, Any]]) -> None:
-        used = {name: [] for name in ("vllm_triage_decode_ceiling_ratio", "vllm_triage_diagnosis")}
+        used: dict[str, list[str]] = {
+            name: []
+            for name in (
+                "vllm_triage_decode_ceiling_ratio",
+                "vllm_triage_decode_roofline_ratio",
+                "vllm_triage_decode_step_bytes",
+                "vllm_triage_diagnosis",
+            )
+        }
         for p in panels:
             for t in p["targets"]:
                 for name in names_in(t["expr"]) & set(used):
@@ -467,6 +477,21 @@ class TestDisplay:
         [p] = [p for p in panels if panel_names(p) == {"vllm_triage_decode_ceiling_ratio"}]
         defaults = p["fieldConfig"]["defaults"]
         assert (defaults.get("min"), defaults.get("max")) == (0, 1.2)
+
+    def test_decode_roofline_panel_marks_the_verdicts(self, panels: list[dict[str, Any]]) -> None:
+        """The roofline ratio is drawn against the shipped near_ceiling_ratio (hardware
+        limit) and roofline_impossible_ratio (settings wrong) lines."""
+        [p] = [p for p in panels if panel_names(p) == {"vllm_triage_decode_roofline_ratio"}]
+        defaults = p["fieldConfig"]["defaults"]
+        th = yaml.safe_load(DEFAULTS.read_text(encoding="utf-8"))["thresholds"]
+        steps = [s["value"] for s in defaults["thresholds"]["steps"]]
+        assert th["near_ceiling_ratio"] in steps and th["roofline_impossible_ratio"] in steps
+        assert defaults["custom"]["thresholdsStyle"]["mode"] != "off"
+
+    def test_decode_step_bytes_are_stacked_by_part(self, panels: list[dict[str, Any]]) -> None:
+        [p] = [p for p in panels if panel_names(p) == {"vllm_triage_decode_step_bytes"}]
+        assert p["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+        assert "{{part}}" in p["targets"][0]["legendFormat"]
 
 
 # --- Provisioning ------------------------------------------------------------------------

@@ -242,7 +242,9 @@ class TestModelSizeFromParameters:
     def test_seed_arithmetic(self) -> None:
         """8B parameters at float16 read 16e9 bytes per token, with no KV layout known."""
         size = model_size_from_parameters(8, "float16")
-        assert size == ModelSize(8e9, 16e9, None, "float16")
+        assert size == ModelSize(
+            8e9, 16e9, None, "float16", active_parameters=8e9, dense_weight_bytes=16e9
+        )
 
     def test_dtype_name_is_canonical(self) -> None:
         """Aliases are reported by their canonical name (``half`` is float16)."""
@@ -519,9 +521,9 @@ class TestModelSizeFromConfig:
         with pytest.raises(ConfigError, match=r"'text_config\.hidden_size'"):
             model_size_from_config({"text_config": {"num_hidden_layers": 2}})
 
-    def test_latent_attention_refused(self) -> None:
-        """DeepSeek's multi-head latent attention is not modelled and says so."""
-        with pytest.raises(ConfigError, match="kv_lora_rank"):
+    def test_latent_attention_needs_its_dims(self) -> None:
+        """Multi-head latent attention without its rotary dim is refused, naming the key."""
+        with pytest.raises(ConfigError, match="qk_rope_head_dim"):
             model_size_from_config({**TINY, "kv_lora_rank": 512})
 
     @pytest.mark.parametrize("value", ["4096", 0, -8, True, 8.0], ids=repr)
@@ -562,3 +564,75 @@ class TestCeilingRows:
         [row] = ceiling_rows(size, [find_gpu("h100")], 2, 0.5)
         assert row["decode_ceiling_tokens_per_s"] == 209.38
         assert (row["tensor_parallel_size"], row["achievable_fraction"]) == (2, 0.5)
+
+
+class TestPublishedFigures:
+    """The sizing against each model's published figures, and what the decode step
+    roofline reads from it: active parameters, routed experts, KV bytes per token,
+    tensor-parallel shares (``docs/physics.md``, "The decode roofline")."""
+
+    def test_mixtral_8x7b(self) -> None:
+        """46.7B parameters, 12.9B active (the published active count includes the
+        input embedding table, which a token only looks a row up in)."""
+        size = model_size_from_config(config("mixtral-8x7b"))
+        table = 32000 * 4096
+        assert size.parameters == pytest.approx(46.7e9, rel=0.005)
+        assert size.active_parameters is not None
+        assert size.active_parameters + table == pytest.approx(12.9e9, rel=0.01)
+        assert (size.num_experts, size.experts_per_token) == (8, 2)
+        assert size.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131072
+        assert size.kv_split == 8
+
+    def test_deepseek_v3(self) -> None:
+        """671B parameters (the multi-token-prediction module left out), 37B active;
+        256 routed experts, 8 per token, 1 shared, the first 3 layers dense; FP8 weights;
+        the MLA cache holds (512 + 64) x 61 layers x 2 bytes per token, whole on every GPU."""
+        size = model_size_from_config(config("deepseek-v3"))
+        assert size.parameters == pytest.approx(671e9, rel=0.005)
+        assert size.active_parameters == pytest.approx(37e9, rel=0.02)
+        assert (size.num_experts, size.experts_per_token) == (256, 8)
+        expert = 3 * 7168 * 2048
+        assert size.routed_expert_bytes == 58 * 256 * expert * 1  # fp8: one byte each
+        assert size.dtype == "fp8"
+        assert size.kv_bytes_per_token == (512 + 64) * 61 * 2 == 70272
+        assert size.kv_split == 1
+        assert any("latent attention" in n for n in size.notes)
+        # scores over latent + rotary dims and values over the latent, 128 heads, 61 layers
+        assert size.attention_flops_per_context_token == 61 * (2 * 128 * (512 + 64) + 2 * 128 * 512)
+
+    def test_qwen3_30b_a3b(self) -> None:
+        """30.5B parameters, 3.3B active (with the input table), 8 of 128 experts."""
+        size = model_size_from_config(config("qwen3-30b-a3b"))
+        assert size.parameters == pytest.approx(30.5e9, rel=0.005)
+        assert size.active_parameters is not None
+        assert size.active_parameters + 151936 * 2048 == pytest.approx(3.3e9, rel=0.02)
+        assert (size.num_experts, size.experts_per_token) == (128, 8)
+        assert size.kv_bytes_per_token == 2 * 48 * 4 * 128 * 2 == 98304
+        assert size.kv_split == 4
+
+    def test_moe_bytes_split_into_shared_and_routed(self) -> None:
+        """Bytes read per token = every-step bytes + routed bytes x k / E."""
+        for name in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"):
+            s = model_size_from_config(config(name))
+            assert s.dense_weight_bytes is not None
+            per_token = s.dense_weight_bytes + s.routed_expert_bytes * (
+                s.experts_per_token / s.num_experts
+            )
+            assert per_token == pytest.approx(s.weight_bytes_per_token), name
+
+    def test_llama_3_1_70b_at_tp4(self) -> None:
+        """About 35 GB of bf16 weights read per GPU at TP 4 (all but the input table,
+        split four ways); 80 layers x 8 KV heads x 128 x 2 x 2 = 327,680 KV bytes per token."""
+        size = model_size_from_config(config("llama-3.1-70b"))
+        assert size.parameters == pytest.approx(70.6e9, rel=0.005)
+        assert size.weight_bytes_per_token / 4 == pytest.approx(35e9, rel=0.01)
+        assert size.kv_bytes_per_token == 327680
+        assert size.kv_split == 8
+        assert size.routed_expert_bytes == 0 and size.dense_weight_bytes == (
+            size.weight_bytes_per_token
+        )
+
+    def test_dense_parameter_count_is_all_active(self) -> None:
+        size = model_size_from_parameters(8.03, "bfloat16")
+        assert size.active_parameters == pytest.approx(8.03e9)
+        assert size.dense_weight_bytes == size.weight_bytes_per_token

@@ -34,13 +34,23 @@ def with_engine(text: str, engine: str, scale: float) -> str:
     return "\n".join(out)
 
 
+#: The aibrix excerpt ends inside vllm:iteration_tokens_total (a documentation excerpt):
+#: that histogram has no +Inf bucket, so it is left out and said.
+FIXTURE_PROBLEMS = {
+    "aibrix-docs-vllm-0.7.x-v0-excerpt.txt": (
+        "Qwen/Qwen2.5-Coder-1.5B-Instruct: iteration_tokens: no +Inf bucket (truncated "
+        "histogram); left out",
+    ),
+}
+
+
 class TestFixtures:
     def test_every_fixture_matches_prometheus_client(self, vllm_fixture: Path) -> None:
         """The fast reader yields exactly the values prometheus_client reads from each capture."""
         text = vllm_fixture.read_text(encoding="utf-8")
         snap = parse_snapshot(text, at=1.0)
         assert snapshot_models(snap) == reference_models(text)
-        assert snap.problems == ()
+        assert snap.problems == FIXTURE_PROBLEMS.get(vllm_fixture.name, ())
 
     @pytest.mark.parametrize(
         ("name", "era", "models"),

@@ -206,6 +206,25 @@ class TestUserFiles:
         assert (spec.gpu, spec.memory_bandwidth_gb_s, spec.compute_tflops) == ("My Card", 1000, 100)
         assert spec.weight_bytes == 8.03e9  # one byte a weight
 
+    def test_experts_drafts_and_tensor_parallelism(self, tmp_path: Path) -> None:
+        """A mixture of experts with speculative decoding over 2 GPUs: each GPU's share."""
+        extra = (
+            "  max_model_len: 16384\n  parameters_billion: 30\n  routed_experts_billion: 28\n"
+            "  num_experts: 128\n  experts_per_token: 8\n  num_speculative_tokens: 3\n"
+            "  draft_acceptance: 0.7\n  draft_parameters_billion: 0.5\n"
+            "  tensor_parallel_size: 2\n  kv_heads: 4"
+        )
+        path = tmp_path / "moe.yaml"
+        path.write_text(GOOD.replace("  max_model_len: 16384", extra))
+        spec = load_scenario_file(path).spec
+        assert spec.weight_bytes == pytest.approx(2e9 * 2 / 2)  # 2B shared, bf16, over 2
+        assert spec.routed_expert_bytes == pytest.approx(28e9 * 2 / 2)
+        assert spec.parameters == pytest.approx((2e9 + 28e9 * 8 / 128) / 2)
+        assert (spec.num_experts, spec.experts_per_token) == (128, 8)
+        assert (spec.num_speculative_tokens, spec.draft_acceptance) == (3, 0.7)
+        assert spec.draft_weight_bytes == pytest.approx(0.5e9)
+        assert spec.kv_bytes_per_token == 131072 / 2
+
     @pytest.mark.parametrize(
         ("edit", "message"),
         [

@@ -62,6 +62,22 @@ class TestErrors:
                 "not both",
                 id="two-sizes",
             ),
+            pytest.param(
+                "model:\n  parameters_billion: 8\n  active_parameters_billion: 9\n",
+                "active_parameters_billion exceeds parameters_billion",
+                id="active-above-total",
+            ),
+            pytest.param(
+                "model:\n  kv_bytes_per_token: 0\n", "model.kv_bytes_per_token", id="kv-zero"
+            ),
+            pytest.param(
+                "hardware:\n  compute_tflops: -1\n", "hardware.compute_tflops", id="compute"
+            ),
+            pytest.param(
+                "thresholds:\n  roofline_impossible_ratio: 0.9\n",
+                "thresholds.roofline_impossible_ratio",
+                id="impossible-below-1",
+            ),
         ],
     )
     def test_errors_name_the_key(self, tmp_path: Path, text: str, fragment: str) -> None:

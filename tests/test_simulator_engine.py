@@ -228,3 +228,75 @@ class TestEngineContract:
         engine.advance_to(2000.0)
         assert engine.stats.finished["length"] == 4
         assert engine.kv_usage == 0.0
+
+
+class TestSpeculativeDecoding:
+    """Chain drafts: k draft forwards per step, 1 + k tokens verified per request, the
+    accepted drafts plus one emitted at once (one ITL sample)."""
+
+    DRAFTING = dataclasses.replace(
+        A10G, num_speculative_tokens=3, draft_weight_bytes=2e9, draft_parameters=1e9
+    )
+
+    def test_the_step_adds_k_draft_forwards_and_verifies_k_more_tokens(self) -> None:
+        """Nothing accepted: one token a step, each step k draft reads longer."""
+        record = only(run(self.DRAFTING, [Arrival(0.0, 100, 10)]))
+        assert len(record.inter_token_s) == 9  # tau = 1: every token its own step
+        # Token 101 and its 3 drafts: KV of 104 positions, then 3 draft forwards.
+        bandwidth = A10G.memory_bandwidth_gb_s * 1e9
+        target = (A10G.weight_bytes + A10G.kv_bytes_per_token * 104) / bandwidth
+        expected = A10G.step_overhead_s + target + 3 * 2e9 / bandwidth
+        assert record.inter_token_s[0] == pytest.approx(expected, rel=1e-12)
+
+    def test_accepted_drafts_come_out_together(self) -> None:
+        """With acceptance 0.8 a step emits (1 - 0.8^4) / 0.2 = 2.95 tokens on average."""
+        spec = dataclasses.replace(self.DRAFTING, draft_acceptance=0.8)
+        engine = run(spec, [Arrival(0.0, 16, 3001)])
+        record = only(engine)
+        per_step = 3000 / len(record.inter_token_s)
+        assert per_step == pytest.approx((1 - 0.8**4) / 0.2, rel=0.05)
+        stats = engine.stats
+        assert stats.spec_drafts == len(record.inter_token_s)
+        assert 1 + stats.spec_accepted_tokens / stats.spec_drafts == pytest.approx(per_step, 0.01)
+
+    def test_refuses_impossible_drafts(self) -> None:
+        with pytest.raises(ValueError, match="draft_acceptance"):
+            dataclasses.replace(self.DRAFTING, draft_acceptance=1.0)
+
+
+class TestMixtureOfExperts:
+    #: 1 GB read every step, 64 GB of routed experts, 8 of 128 per token.
+    MOE = dataclasses.replace(
+        A10G,
+        weight_bytes=1e9,
+        parameters=3e9,
+        routed_expert_bytes=64e9,
+        num_experts=128,
+        experts_per_token=8,
+    )
+
+    def test_one_token_reads_its_k_experts(self) -> None:
+        record = only(run(self.MOE, [Arrival(0.0, 100, 3)]))
+        read = 1e9 + 64e9 * 8 / 128 + A10G.kv_bytes_per_token * 101
+        expected = A10G.step_overhead_s + read / (A10G.memory_bandwidth_gb_s * 1e9)
+        assert record.inter_token_s[0] == pytest.approx(expected, rel=1e-12)
+
+    def test_a_batch_reads_the_experts_its_tokens_touch(self) -> None:
+        """32 tokens of 8 random experts each touch 1 - (1 - 8/128)^32 = 87 % of them."""
+        engine = Engine(self.MOE)
+        reads = [engine._experts_read(32) for _ in range(400)]
+        share = sum(reads) / len(reads) / 64e9
+        assert share == pytest.approx(1 - (1 - 8 / 128) ** 32, abs=0.01)
+        assert engine._experts_read(1024) == 64e9
+
+    def test_refuses_experts_without_routing(self) -> None:
+        with pytest.raises(ValueError, match="experts_per_token"):
+            dataclasses.replace(self.MOE, experts_per_token=0)
+
+
+def test_the_engine_keeps_its_floor_apart_from_overhead() -> None:
+    """busy time = the floors + one overhead per step; a lone stream's floor / step."""
+    engine = run(A10G, [Arrival(0.0, 16, 201)])
+    stats = engine.stats
+    assert stats.busy_s == pytest.approx(stats.floor_s + stats.steps * A10G.step_overhead_s)
+    assert 0.9 < stats.decode_floor_s / stats.decode_step_s < 1.0

@@ -91,7 +91,7 @@ class TestV1MatchesVllm019:
         (cache_config_info follows 0.32, checked below)."""
         fixture = vllm_families(V1_FIXTURE.read_text())
         ours = vllm_families(busy_v1())
-        assert len(ours) == 28  # 16 families; 12 counters and histograms add a _created gauge
+        assert len(ours) == 30  # 17 families; 13 counters and histograms add a _created gauge
         for name, shape in ours.items():
             assert name in fixture, name
             if name != "vllm:cache_config_info":
@@ -132,6 +132,7 @@ class TestV1MatchesVllm019:
             "vllm:request_queue_time_seconds",
             "vllm:request_prefill_time_seconds",
             "vllm:request_decode_time_seconds",
+            "vllm:iteration_tokens_total",
         ):
             assert bounds(ours, histogram) == bounds(fixture, histogram), histogram
 
@@ -171,6 +172,62 @@ class TestV1MatchesVllm019:
         assert sample.labels["block_size"] == "16"
         assert sample.labels["engine"] == "0"
         assert sample.value == 1.0
+
+
+class TestSpeculativeDecoding:
+    """vLLM V1's ``spec_decode_*`` counters, only on an engine that drafts (vLLM's
+    ``SpecDecodingProm``: the names, HELP texts and ``position`` label of
+    ``vllm/v1/spec_decode/metrics.py``)."""
+
+    @staticmethod
+    def payload(k: int) -> str:
+        spec = dataclasses.replace(
+            SCENARIOS["healthy"].spec, num_speculative_tokens=k, draft_acceptance=0.6
+        )
+        engine = Engine(spec)
+        for i in range(4):
+            engine.submit(Arrival(0.1 * i, 32, 200))
+        engine.advance_to(5.0)
+        return render([("m", engine)], created_at=START)
+
+    def test_counters_named_as_vllm_names_them(self) -> None:
+        families = vllm_families(self.payload(3))
+        expected = {
+            "vllm:spec_decode_num_drafts": "Number of spec decoding drafts.",
+            "vllm:spec_decode_num_draft_tokens": "Number of draft tokens.",
+            "vllm:spec_decode_num_accepted_tokens": "Number of accepted tokens.",
+            "vllm:spec_decode_num_accepted_tokens_per_pos": "Accepted tokens per draft position.",
+        }
+        for name, help_text in expected.items():
+            kind, documentation, labels = families[name]
+            assert (kind, documentation) == ("counter", help_text)
+            wanted = {"engine", "model_name"} | ({"position"} if name.endswith("pos") else set())
+            assert labels[f"{name}_total"] == wanted
+
+    def test_counts_add_up(self) -> None:
+        """Every draft verifies k tokens (fewer only in a request's last steps, which
+        need fewer); accepted per position falls with the position (a chain draft) and
+        sums to the accepted tokens."""
+        samples = {
+            (s.name, s.labels.get("position")): s.value
+            for f in text_string_to_metric_families(self.payload(3))
+            for s in f.samples
+            if f.name.startswith("vllm:spec_decode")
+        }
+        drafts = samples[("vllm:spec_decode_num_drafts_total", None)]
+        assert drafts > 100
+        draft_tokens = samples[("vllm:spec_decode_num_draft_tokens_total", None)]
+        assert 3 * drafts - 4 * 3 <= draft_tokens <= 3 * drafts  # 4 requests, 3 short ends
+        per_pos = [
+            samples[("vllm:spec_decode_num_accepted_tokens_per_pos_total", str(i))]
+            for i in range(3)
+        ]
+        assert per_pos == sorted(per_pos, reverse=True)
+        assert sum(per_pos) == samples[("vllm:spec_decode_num_accepted_tokens_total", None)]
+        assert per_pos[0] / drafts == pytest.approx(0.6, abs=0.08)
+
+    def test_absent_without_speculative_decoding(self) -> None:
+        assert "spec_decode" not in self.payload(0)
 
 
 class TestV0MatchesVllm05:

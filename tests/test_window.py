@@ -80,6 +80,60 @@ class TestLatency:
         assert s.itl_mean == pytest.approx(0.025)
         assert s.decode_tokens_per_second_per_stream == pytest.approx(40.0)
 
+    def test_speculative_decoding_tokens_per_step(self) -> None:
+        """Under speculative decoding a step emits 1 + accepted / drafts tokens per
+        request (one ITL sample per step): the per-stream rate is that over mean ITL."""
+        w = Window(60, min_observations=1)
+        start = dict(spec_drafts=10.0, spec_draft_tokens=40.0, spec_accepted_tokens=20.0)
+        end = dict(spec_drafts=110.0, spec_draft_tokens=440.0, spec_accepted_tokens=170.0)
+        fill(
+            w,
+            [
+                snap(0.0, itl=hist([0] * 11), **start),
+                snap(10.0, itl=hist([100] + [0] * 10, total=2.5), **end),
+            ],
+        )
+        s = w.signals("m")
+        assert s.decode_tokens_per_step == pytest.approx(1 + 150 / 100)
+        assert s.decode_tokens_per_second_per_stream == pytest.approx(2.5 / 0.025)
+        assert (s.spec_drafts, s.spec_draft_tokens, s.spec_accepted_tokens) == (100, 400, 150)
+
+    def test_without_speculative_decoding_one_token_per_step(self) -> None:
+        w = Window(60, min_observations=1)
+        fill(w, [snap(0.0), snap(10.0)])
+        s = w.signals("m")
+        assert s.decode_tokens_per_step == 1.0 and s.spec_drafts is None
+
+    def test_iteration_tokens_over_the_window(self) -> None:
+        """Tokens per engine step: the window's sum over its count of steps."""
+        w = Window(60, min_observations=1)
+        fill(
+            w,
+            [
+                snap(0.0, iteration_tokens=hist([5] + [0] * 10, total=50.0)),
+                snap(10.0, iteration_tokens=hist([25] + [0] * 10, total=2050.0)),
+            ],
+        )
+        s = w.signals("m")
+        assert s.iteration_steps == 20 and s.iteration_tokens_mean == pytest.approx(100.0)
+        assert s.iteration_tokens is not None and s.iteration_tokens.count == 20
+
+    def test_busy_means_leave_out_idle_scrapes(self) -> None:
+        """KV usage and running requests while requests ran: what a step reads."""
+        w = Window(60)
+        fill(
+            w,
+            [
+                snap(0.0, running=0.0, kv_usage=0.0),
+                snap(5.0, running=4.0, kv_usage=0.6),
+                snap(10.0, running=2.0, kv_usage=0.2),
+            ],
+        )
+        s = w.signals("m")
+        assert s.kv_usage_busy_mean == pytest.approx(0.4)
+        assert s.running_busy_mean == pytest.approx(3.0)
+        assert s.kv_usage_mean == pytest.approx(0.8 / 3)
+
     def test_prefill_share_and_queue_mean(self) -> None:
         """Engine time split and queue time come from the request histograms' sums."""
         w = Window(60)

@@ -1,8 +1,9 @@
 """The GPU table: published memory bandwidth (and compute) per card, from ``rules/gpus.yaml``.
 
 Bandwidth is the numerator of the decode ceiling (``docs/physics.md``); compute sets how
-fast prefill can go (the simulator uses it). Figures are published peaks; the table is
-data users can read and extend, not constants in code.
+fast prefill can go (the simulator uses it) and when a decode step turns compute-bound.
+Figures are published peaks; the table is data users can read and extend, not constants
+in code.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ class GPU:
     """One row of ``rules/gpus.yaml``: a device's published peak memory bandwidth.
 
     ``memory_bandwidth_gb_s`` is in decimal GB/s (1e9 bytes/s) per device, as vendors
-    publish it; ``bf16_dense_tflops`` (dense, no sparsity) is only for prefill estimates.
+    publish it; ``bf16_dense_tflops`` (dense, no sparsity) is for prefill estimates and the compute
+    side of the decode step roofline.
     """
 
     name: str

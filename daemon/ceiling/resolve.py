@@ -12,11 +12,12 @@ from pathlib import Path
 from daemon.ceiling.hardware import decode_ceiling_tokens_per_s
 from daemon.ceiling.sizing import (
     ModelSize,
+    bytes_per_param,
     model_size_from_config,
     model_size_from_parameters,
     read_config_json,
 )
-from daemon.core.rulebook import Ceiling
+from daemon.core.rulebook import Ceiling, Roofline
 from daemon.errors import ConfigError
 
 
@@ -69,4 +70,63 @@ def build_ceiling(
             tensor_parallel_size=tensor_parallel_size,
             achievable_fraction=achievable_fraction,
         ),
+    )
+
+
+def build_roofline(
+    name: str | None,
+    memory_bandwidth_gb_s: float,
+    size: ModelSize,
+    *,
+    compute_tflops: float | None = None,
+    tensor_parallel_size: int = 1,
+    achievable_fraction: float = 1.0,
+    kv_bytes_per_token: float | None = None,
+    active_parameters_billion: float | None = None,
+    draft_parameters_billion: float | None = None,
+    draft_dtype: str | None = None,
+    draft_kv_bytes_per_token: float | None = None,
+) -> Roofline:
+    """The core's ``Roofline`` for a model on a card: the sized figures, with the ones
+    given by hand (KV bytes per token, active parameters) in their place.
+
+    The draft model is read in ``draft_dtype`` (default: the model's weight dtype).
+    ``None`` stays ``None``: the core leaves an unknown term out and names it.
+    """
+    label = name or f"{memory_bandwidth_gb_s:g} GB/s"
+    if tensor_parallel_size > 1:
+        label = f"{tensor_parallel_size}x {label}"
+    draft_bytes = draft_params = None
+    if draft_parameters_billion is not None:
+        draft_params = draft_parameters_billion * 1e9
+        try:
+            draft_bytes = draft_params * bytes_per_param(draft_dtype or size.dtype)
+        except ConfigError as exc:
+            raise ConfigError(f"model.draft_dtype: {exc}") from exc
+    active = size.active_parameters
+    if active_parameters_billion is not None:
+        active = active_parameters_billion * 1e9
+    return Roofline(
+        gpu=label,
+        memory_bandwidth_gb_s=memory_bandwidth_gb_s,
+        achievable_fraction=achievable_fraction,
+        compute_tflops=compute_tflops,
+        tensor_parallel_size=tensor_parallel_size,
+        weight_bytes=(
+            size.dense_weight_bytes
+            if size.dense_weight_bytes is not None
+            else size.weight_bytes_per_token
+        ),
+        routed_expert_bytes=size.routed_expert_bytes,
+        num_experts=size.num_experts,
+        experts_per_token=size.experts_per_token,
+        active_parameters=active,
+        attention_flops_per_context_token=size.attention_flops_per_context_token,
+        kv_bytes_per_token=(
+            kv_bytes_per_token if kv_bytes_per_token is not None else size.kv_bytes_per_token
+        ),
+        kv_split=size.kv_split,
+        draft_weight_bytes=draft_bytes,
+        draft_parameters=draft_params,
+        draft_kv_bytes_per_token=draft_kv_bytes_per_token,
     )

@@ -2,7 +2,11 @@
 
 The denominator of the decode ceiling (``docs/physics.md``): from a parameter count and
 dtype, or from a model's ``config.json``, where mixture-of-experts (only the active
-experts are read), tied embeddings and quantization change the answer.
+experts are read), tied embeddings, quantization and multi-head latent attention change
+the answer. A config also gives what the decode step roofline needs beyond bytes per
+token: the routed experts apart (a batch touches more of them than one token does), the
+active parameters (FLOPs per token), attention FLOPs per context token, and over how many
+GPUs the KV cache splits (``docs/physics.md``, "The decode roofline").
 """
 
 from __future__ import annotations
@@ -65,15 +69,39 @@ class ModelSize:
     kv_bytes_per_token: int | None
     dtype: str
     notes: tuple[str, ...] = ()
+    #: Weights one token multiplies through (2 FLOPs each): what a token reads, less
+    #: the input embedding table it only looks a row up in. None: unknown.
+    active_parameters: float | None = None
+    #: Of ``weight_bytes_per_token``, the bytes every step reads whatever the batch (all
+    #: of a dense model); the routed experts are ``routed_expert_bytes`` in all, of which
+    #: one token reads ``experts_per_token`` / ``num_experts``.
+    dense_weight_bytes: float | None = None
+    routed_expert_bytes: float = 0.0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    #: FLOPs one new token spends on each earlier token of its sequence, all layers.
+    attention_flops_per_context_token: float | None = None
+    #: Over how many GPUs tensor parallelism can split the KV cache: the KV heads (a
+    #: latent cache, DeepSeek's MLA, is one tensor each GPU keeps whole: 1).
+    kv_split: int | None = None
+    num_layers: int | None = None
 
 
 def model_size_from_parameters(parameters_billion: float, dtype: str) -> ModelSize:
-    """The seed's arithmetic: every parameter is read once per token (8B x 2 = 16e9 bytes)."""
+    """The seed's arithmetic: every parameter is read once per token (8B x 2 = 16e9 bytes),
+    and multiplied through once (a dense model: all of them are active)."""
     if not (math.isfinite(parameters_billion) and parameters_billion > 0):
         raise ConfigError(f"parameters_billion must be a positive number, got {parameters_billion}")
     name, size = _dtype(dtype)
     params = parameters_billion * 1e9
-    return ModelSize(params, params * size, None, name)
+    return ModelSize(
+        params,
+        params * size,
+        None,
+        name,
+        active_parameters=params,
+        dense_weight_bytes=params * size,
+    )
 
 
 def _text(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], str]:
@@ -99,30 +127,71 @@ def _int(cfg: Mapping[str, Any], key: str, prefix: str, *, default: int | None =
     return value
 
 
-def _attention_layout(cfg: Mapping[str, Any], prefix: str) -> tuple[int, int, int, int]:
-    """(layers, attention heads, KV heads, head_dim); KV heads default to MHA's."""
-    if cfg.get("kv_lora_rank") is not None:
-        raise ConfigError(
-            "config.json: multi-head latent attention (kv_lora_rank, DeepSeek V2/V3) is not "
-            "modelled; use the parameter count of the active weights instead"
-        )
+@dataclass(frozen=True, slots=True)
+class _Attention:
+    """One attention layer's shape: its linear weights, what one token keeps in the KV
+    cache, and what attending to one earlier token costs."""
+
+    layers: int
+    linear_params: int  # per layer
+    norm_params: int  # per layer, beyond the two RMSNorms every layer has
+    kv_elements: int  # per token per layer
+    kv_split: int  # GPUs the cache can split over (KV heads; 1 for a latent cache)
+    flops_per_pair: int  # per layer, per (new token, earlier token)
+
+
+def _attention(cfg: Mapping[str, Any], prefix: str) -> _Attention:
+    """Grouped-query (Llama-style) or multi-head latent attention (DeepSeek V2/V3).
+
+    GQA keeps a key and a value per KV head (2 x KV heads x head_dim per token and layer)
+    and spends 2 x heads x head_dim FLOPs on scores and as many on the weighted values per
+    earlier token. MLA keeps one compressed latent (``kv_lora_rank``) plus the shared
+    rotary key (``qk_rope_head_dim``) per token and layer; decoding with its up-projections
+    absorbed, each head scores over latent + rotary dims and sums values over the latent.
+    """
     layers = _int(cfg, "num_hidden_layers", prefix)
     heads = _int(cfg, "num_attention_heads", prefix)
+    hidden = _int(cfg, "hidden_size", prefix)
+    if cfg.get("kv_lora_rank") is not None:
+        latent = _int(cfg, "kv_lora_rank", prefix)
+        rope = _int(cfg, "qk_rope_head_dim", prefix)
+        nope = _int(cfg, "qk_nope_head_dim", prefix)
+        v_dim = _int(cfg, "v_head_dim", prefix)
+        q_rank = _int(cfg, "q_lora_rank", prefix, default=0)
+        q_head = heads * (nope + rope)
+        query = hidden * q_rank + q_rank * q_head if q_rank else hidden * q_head
+        linear = query + hidden * (latent + rope) + latent * heads * (nope + v_dim)
+        linear += heads * v_dim * hidden
+        return _Attention(
+            layers=layers,
+            linear_params=linear,
+            norm_params=q_rank + latent,  # the q and kv latent RMSNorms
+            kv_elements=latent + rope,
+            kv_split=1,
+            flops_per_pair=2 * heads * (latent + rope) + 2 * heads * latent,
+        )
     kv_heads = _int(cfg, "num_key_value_heads", prefix, default=heads)
-    if cfg.get("head_dim") is not None:
-        head_dim = _int(cfg, "head_dim", prefix)
-    else:
-        head_dim = _int(cfg, "hidden_size", prefix) // heads
-    return layers, heads, kv_heads, head_dim
+    explicit = cfg.get("head_dim") is not None
+    head_dim = _int(cfg, "head_dim", prefix) if explicit else hidden // heads
+    return _Attention(
+        layers=layers,
+        linear_params=2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim,
+        norm_params=0,
+        kv_elements=2 * kv_heads * head_dim,
+        kv_split=kv_heads,
+        flops_per_pair=4 * heads * head_dim,
+    )
 
 
 def kv_bytes_per_token(config: Mapping[str, Any], kv_dtype_bytes: float) -> int:
-    """KV cache bytes one token holds: 2 (key, value) x layers x KV heads x head_dim x bytes."""
+    """KV cache bytes one token holds: 2 (key, value) x layers x KV heads x head_dim x
+    bytes; with multi-head latent attention, (kv_lora_rank + qk_rope_head_dim) x layers x
+    bytes (``docs/physics.md``, "The KV cache")."""
     if not kv_dtype_bytes > 0:
         raise ValueError("kv_dtype_bytes must be positive")
     cfg, prefix = _text(config)
-    layers, _, kv_heads, head_dim = _attention_layout(cfg, prefix)
-    return int(2 * layers * kv_heads * head_dim * kv_dtype_bytes)
+    att = _attention(cfg, prefix)
+    return int(att.layers * att.kv_elements * kv_dtype_bytes)
 
 
 def _lookup(config: Mapping[str, Any], cfg: Mapping[str, Any], key: str) -> Any:
@@ -217,14 +286,18 @@ class _Counts:
     linear_read: int
     other_total: int  # norms, routers, embeddings, lm_head: activation dtype
     other_read: int
+    routed_total: int = 0  # of linear_total: every routed expert of every MoE layer
+    experts: int = 0
+    per_token: int = 0
 
 
 def _count(cfg: Mapping[str, Any], prefix: str, tied: bool, notes: list[str]) -> _Counts:
-    """Count a Llama-style decoder: q/k/v/o projections, gated MLP (3 matrices), RMSNorms."""
+    """Count a Llama-style decoder: attention projections (grouped-query or latent),
+    gated MLP (3 matrices), RMSNorms."""
     hidden = _int(cfg, "hidden_size", prefix)
     vocab = _int(cfg, "vocab_size", prefix)
-    layers, heads, kv_heads, head_dim = _attention_layout(cfg, prefix)
-    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    att = _attention(cfg, prefix)
+    layers, attention = att.layers, att.linear_params
     experts = next(
         (
             _int(cfg, k, prefix)
@@ -268,7 +341,7 @@ def _count(cfg: Mapping[str, Any], prefix: str, tied: bool, notes: list[str]) ->
     dense = layers - sparse
     mlp = 3 * hidden * _int(cfg, "intermediate_size", prefix) if dense else 0
     linear_common = layers * attention + dense * mlp + sparse * shared
-    norms = (2 * layers + 1) * hidden
+    norms = (2 * layers + 1) * hidden + layers * att.norm_params
     table = vocab * hidden
     small = norms + sparse * router  # read every token, kept in the activation dtype
     if tied:
@@ -285,6 +358,9 @@ def _count(cfg: Mapping[str, Any], prefix: str, tied: bool, notes: list[str]) ->
         linear_read=linear_common + sparse * per_token * expert,
         other_total=other_total,
         other_read=other_read,
+        routed_total=sparse * experts * expert,
+        experts=experts,
+        per_token=per_token,
     )
 
 
@@ -322,14 +398,30 @@ def model_size_from_config(
     notes.append(f"KV cache in {kv_name}")
     if cfg.get("sliding_window") and cfg.get("use_sliding_window", True):
         notes.append("sliding-window attention: KV per token counts every layer (an upper bound)")
+    att = _attention(cfg, prefix)
+    if att.kv_split == 1 and cfg.get("kv_lora_rank") is not None:
+        notes.append(
+            "multi-head latent attention: KV per token is (kv_lora_rank + qk_rope_head_dim) "
+            "x layers, kept whole on every tensor-parallel GPU"
+        )
+    read = counts.linear_read * weight_bytes + counts.other_read * act_bytes
+    routed = counts.routed_total * weight_bytes
     return ModelSize(
         parameters=float(counts.linear_total + counts.other_total),
-        weight_bytes_per_token=float(
-            counts.linear_read * weight_bytes + counts.other_read * act_bytes
-        ),
+        weight_bytes_per_token=float(read),
         kv_bytes_per_token=kv_bytes_per_token(config, kv_bytes),
         dtype=weight,
         notes=tuple(notes),
+        # What a token reads is what it multiplies through, but for the one row of the
+        # input table it looks up (a rounding error, counted).
+        active_parameters=float(counts.linear_read + counts.other_read),
+        dense_weight_bytes=float(read - routed * counts.per_token / max(counts.experts, 1)),
+        routed_expert_bytes=float(routed),
+        num_experts=counts.experts,
+        experts_per_token=counts.per_token,
+        attention_flops_per_context_token=float(att.layers * att.flops_per_pair),
+        kv_split=att.kv_split,
+        num_layers=att.layers,
     )
 
 

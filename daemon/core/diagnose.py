@@ -13,8 +13,9 @@ explains a later symptom and wins:
    queue time is most of TTFT.
 3. ``prefill_bound``: TTFT breached with the queue not to blame; or ITL breached while
    most engine time goes to prefill (prefill interference: the prompts, not decode).
-4. ``decode_bound``: ITL breached, split by the decode-ceiling ratio into "at the
-   hardware limit" and "below it: the serving stack".
+4. ``decode_bound``: ITL breached, split by the decode step roofline (the step's floor
+   over the measured step, ``daemon.core.roofline``) into "at the hardware limit" and
+   "below it: the serving stack".
 
 Pure: the same ``Signals`` and ``Rulebook`` always give the same ``Diagnosis``.
 """
@@ -24,7 +25,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from daemon.core import roofline
 from daemon.core.model import CAUSES, Cause, Diagnosis, Quantile, Signals
+from daemon.core.roofline import StepRoofline
 from daemon.core.rulebook import Rulebook, Thresholds
 
 
@@ -54,6 +57,7 @@ class _Facts:
     itl_spread: float | None
     prompts: bool
     ceiling_ratio: float | None
+    roofline: StepRoofline | None
 
 
 def request_footprint_tokens(s: Signals) -> float | None:
@@ -114,6 +118,9 @@ def _facts(s: Signals, rules: Rulebook) -> _Facts:
     ratio = None
     if rules.ceiling is not None and s.decode_tokens_per_second_per_stream is not None:
         ratio = s.decode_tokens_per_second_per_stream / rules.ceiling.tokens_per_second
+    hw = rules.roofline
+    if hw is None and rules.ceiling is not None:
+        hw = roofline.weights_only(rules.ceiling)
     return _Facts(
         ttft_breach=ttft is not None and ttft > slo.ttft_p99_seconds,
         itl_breach=itl is not None and itl > slo.itl_p99_seconds,
@@ -127,6 +134,7 @@ def _facts(s: Signals, rules: Rulebook) -> _Facts:
         itl_spread=_ratio(itl, _value(s.itl_p50)),
         prompts=(s.prompt_tokens_per_second or 0.0) > 0.0,
         ceiling_ratio=ratio,
+        roofline=roofline.step_roofline(s, hw) if hw is not None else None,
     )
 
 
@@ -241,6 +249,14 @@ def _evidence(s: Signals, f: _Facts, rules: Rulebook) -> dict[str, float | int |
         ev["gpu"] = rules.ceiling.gpu
         ev["decode_ceiling_tokens_per_second"] = rules.ceiling.tokens_per_second
         ev["decode_ceiling_ratio"] = f.ceiling_ratio
+    if f.roofline is not None:
+        ev.update(roofline.evidence(f.roofline))
+    return _clean(ev)
+
+
+def _clean(
+    ev: dict[str, float | int | str | bool | None],
+) -> dict[str, float | int | str | bool | None]:
     # A NaN from a broken target must not reach JSON output or a webhook as "NaN".
     return {
         k: (float(f"{v:.6g}") if isinstance(v, float) else v)
@@ -316,19 +332,69 @@ def _summary(cause: Cause, s: Signals, f: _Facts, rules: Rulebook) -> tuple[str,
         f"ITL p99 {_fmt(_value(s.itl_p99), ' s')} > SLO {slo.itl_p99_seconds:g} s: "
         f"{_fmt(s.decode_tokens_per_second_per_stream, ' tok/s', 3)} per stream"
     )
-    if f.ceiling_ratio is None or rules.ceiling is None:
-        return head + " (no hardware set: ceiling unknown)", "unknown"
-    ceil = rules.ceiling
+    return _decode_split(head, f.roofline, rules)
+
+
+#: What each roofline term is, in the summary.
+_TERM_WORDS = {
+    "weights": "weight reads dominate",
+    "kv": "KV cache reads dominate",
+    "draft": "the draft model's reads dominate",
+    "compute": "compute-bound: too many tokens per step",
+}
+
+
+def _decode_split(head: str, r: StepRoofline | None, rules: Rulebook) -> tuple[str, str]:
+    """Which limit a decode-bound server hit, from its step roofline
+    (``docs/physics.md``, "The decode roofline")."""
+    if r is None:
+        return head + " (no hardware set: the decode step floor is unknown)", "unknown"
+    gb = [f"{r.weight_bytes / 1e9:.3g} GB weights"]
+    if r.kv_bytes is not None:
+        gb.append(f"{r.kv_bytes / 1e9:.3g} GB KV")
+    if r.draft_bytes:
+        gb.append(f"{r.draft_bytes / 1e9:.3g} GB draft")
     where = (
-        f", {f.ceiling_ratio:.0%} of the {ceil.tokens_per_second:.3g} tok/s ceiling on {ceil.gpu}"
+        f"; a decode step takes {r.step_seconds * 1e3:.3g} ms against a floor of "
+        f"{r.floor_seconds * 1e3:.3g} ms on {r.gpu} ({r.ratio:.0%}, {r.bound_by}-bound, "
+        f"{' + '.join(gb)} per GPU per step)"
     )
-    if f.ceiling_ratio >= rules.thresholds.near_ceiling_ratio:
-        return head + where + ": at the hardware limit", "hardware"
+    if r.left_out:
+        where += "; left out: " + ", ".join(item.partition(":")[0] for item in r.left_out)
+    th = rules.thresholds
+    if r.ratio >= th.roofline_impossible_ratio:
+        check = ", ".join(roofline.suspect_settings(r)[:3])
+        return (
+            head + where + ": faster than the hardware allows, so the hardware or model "
+            f"settings are wrong (check {check})",
+            "unknown",
+        )
+    if r.ratio >= th.near_ceiling_ratio:
+        return head + where + f": at the hardware limit, {_TERM_WORDS[r.dominant]}", "hardware"
     return (
-        head + where + ": below it, the serving stack (batch size, prefill interference, "
-        "long context)",
+        head + where + ": below it, the serving stack (per-step overhead, scheduling, "
+        "prefill interference)",
         "serving_stack",
     )
+
+
+def _decode_remediation(
+    limit: str, r: StepRoofline | None, rules: Rulebook, generic: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The decode fixes in the order the roofline says: the binding term's first at the
+    limit, the serving stack's below it, the settings when the floor is impossible."""
+    texts = rules.decode_remediation
+    if r is None or not texts:
+        # Below the ceiling the hardware is not the first thing to change.
+        return generic[2:] + generic[:2] if limit == "serving_stack" else generic
+    if limit == "hardware":
+        order: tuple[str, ...] = roofline.terms_by_weight(r)
+    elif limit == "serving_stack":
+        order = ("serving_stack", r.dominant)
+    else:
+        order = ("settings",)
+    picked = tuple(text for key in order for text in texts.get(key, ()))
+    return picked or generic
 
 
 def diagnose(s: Signals, rules: Rulebook) -> Diagnosis:
@@ -336,7 +402,9 @@ def diagnose(s: Signals, rules: Rulebook) -> Diagnosis:
     f = _facts(s, rules)
     breaches = _breaches(f)
     if not breaches:
-        return Diagnosis(model_name=s.model_name, at=s.at, breaches=(), cause=None)
+        # The roofline is worth watching while healthy too (how close to the hardware).
+        steady = _clean(roofline.evidence(f.roofline)) if f.roofline is not None else {}
+        return Diagnosis(model_name=s.model_name, at=s.at, breaches=(), cause=None, evidence=steady)
     th = rules.thresholds
     checks = {cause: _checks(cause, f, th) for cause in CAUSES}
     candidates = [cause for cause in CAUSES if checks[cause][0]]
@@ -351,9 +419,9 @@ def diagnose(s: Signals, rules: Rulebook) -> Diagnosis:
     remediation = rules.remediation.get(cause, ())
     if limit is not None:
         evidence["decode_limit"] = limit
-        if limit == "serving_stack":
-            # Below the ceiling the hardware is not the first thing to change.
-            remediation = remediation[2:] + remediation[:2]
+        if f.roofline is not None and limit == "unknown":
+            evidence["decode_settings_suspect"] = ", ".join(roofline.suspect_settings(f.roofline))
+        remediation = _decode_remediation(limit, f.roofline, rules, remediation)
     return Diagnosis(
         model_name=s.model_name,
         at=s.at,

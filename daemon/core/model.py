@@ -83,6 +83,10 @@ class ModelSeries:
     decode_time: Histogram | None = None
     prompt_length: Histogram | None = None
     generation_length: Histogram | None = None
+    spec_drafts: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
+    iteration_tokens: Histogram | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +164,26 @@ class Signals:
     decode_tokens_per_second_per_stream: float | None = None
     kv_pool_tokens: int | None = None
     missing: Mapping[str, str] = field(default_factory=dict)
+    #: Data-parallel engines serving the model (the gauges' series in the newest scrape).
+    engines: int = 1
+    #: Tokens per engine step over the window (``vllm:iteration_tokens_total``'s bucket
+    #: deltas), its mean and the steps it covers; ``None`` when not exposed.
+    iteration_tokens: Histogram | None = None
+    iteration_tokens_mean: float | None = None
+    iteration_steps: float = 0.0
+    #: Running requests and KV usage averaged over the scrapes that found requests
+    #: running: what a decode step reads while there are steps (ITL samples exist only
+    #: then), undiluted by idle moments in the window.
+    running_busy_mean: float | None = None
+    kv_usage_busy_mean: float | None = None
+    #: Speculative decoding's window increases: drafts (one per request per step),
+    #: draft tokens proposed, draft tokens accepted; ``None`` when it is off.
+    spec_drafts: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
+    #: Tokens one request gets per engine step: 1, or 1 + accepted / drafts under
+    #: speculative decoding (each draft step emits its accepted tokens plus one).
+    decode_tokens_per_step: float = 1.0
 
 
 Evidence = Mapping[str, float | int | str | bool | None]

@@ -10,6 +10,10 @@ vLLM renamed several series (see ``tests/fixtures/vllm/SOURCES.md`` and vLLM's
   interval per generated token after the first. ``vllm:request_time_per_output_token_seconds``
   is a different, per-request histogram and is not used for ITL.
 - Queue, prefill and decode time histograms exist only in V1 (0.8 on).
+- Speculative decoding (V1, only when it is on) counts drafts, draft tokens and accepted
+  tokens (``vllm:spec_decode_num_*_total``, one draft per request per engine step);
+  ``vllm:iteration_tokens_total`` is a histogram of tokens per engine step (prompt
+  tokens of the prefills that completed plus the tokens generated), both eras.
 - Ray Serve re-exports the same families with the prefix ``ray_vllm:``.
 - Since 0.12 every counter and histogram has a ``_created`` sample (exposed by
   prometheus_client as a separate ``..._created`` gauge family); those names are simply
@@ -50,6 +54,9 @@ _COUNTERS: tuple[tuple[str, str, Generation], ...] = (
     ("prompt_tokens", "prompt_tokens_total", "both"),
     ("generation_tokens", "generation_tokens_total", "both"),
     ("requests_finished", "request_success_total", "both"),
+    ("spec_drafts", "spec_decode_num_drafts_total", "both"),
+    ("spec_draft_tokens", "spec_decode_num_draft_tokens_total", "both"),
+    ("spec_accepted_tokens", "spec_decode_num_accepted_tokens_total", "both"),
 )
 _HISTOGRAMS: tuple[tuple[str, str, Generation], ...] = (
     ("ttft", "time_to_first_token_seconds", "both"),
@@ -60,11 +67,20 @@ _HISTOGRAMS: tuple[tuple[str, str, Generation], ...] = (
     ("decode_time", "request_decode_time_seconds", "both"),
     ("prompt_length", "request_prompt_tokens", "both"),
     ("generation_length", "request_generation_tokens", "both"),
+    ("iteration_tokens", "iteration_tokens_total", "both"),
 )
 CACHE_CONFIG = "cache_config_info"
 
 GAUGE_FIELDS = ("running", "waiting", "kv_usage")
-COUNTER_FIELDS = ("preemptions", "prompt_tokens", "generation_tokens", "requests_finished")
+COUNTER_FIELDS = (
+    "preemptions",
+    "prompt_tokens",
+    "generation_tokens",
+    "requests_finished",
+    "spec_drafts",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+)
 HISTOGRAM_FIELDS = (
     "ttft",
     "itl",
@@ -73,6 +89,7 @@ HISTOGRAM_FIELDS = (
     "decode_time",
     "prompt_length",
     "generation_length",
+    "iteration_tokens",
 )
 
 

@@ -355,6 +355,10 @@ def _assemble(
             decode_time=hists.get("decode_time"),
             prompt_length=hists.get("prompt_length"),
             generation_length=hists.get("generation_length"),
+            spec_drafts=counters.get("spec_drafts"),
+            spec_draft_tokens=counters.get("spec_draft_tokens"),
+            spec_accepted_tokens=counters.get("spec_accepted_tokens"),
+            iteration_tokens=hists.get("iteration_tokens"),
         )
     return Snapshot(
         at=at,

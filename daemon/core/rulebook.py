@@ -1,4 +1,5 @@
-"""What the classifier reads besides the signals: SLOs, thresholds, remediation, ceiling.
+"""What the classifier reads besides the signals: SLOs, thresholds, remediation, ceiling,
+and the hardware and model facts of the decode step roofline.
 
 Plain frozen dataclasses, so that the core depends on nothing but itself: the settings
 layer (``daemon.settings``, pydantic) validates the user's values and ``daemon.assemble``
@@ -9,7 +10,7 @@ converts them into these once, at start-up. The meaning of every threshold is in
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from daemon.core.model import Cause
 
@@ -34,6 +35,7 @@ class Thresholds:
     prefill_dominant_share: float
     itl_spike_ratio: float
     near_ceiling_ratio: float
+    roofline_impossible_ratio: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +49,58 @@ class Ceiling:
 
 
 @dataclass(frozen=True, slots=True)
+class Roofline:
+    """What the decode step roofline needs to know about the card and the model
+    (``docs/physics.md``, "The decode roofline"); ``daemon.core.roofline`` does the sums.
+
+    Bytes and parameters are the whole model's: the arithmetic divides them over
+    ``tensor_parallel_size`` GPUs. ``None`` is "unknown": that term is left out of the
+    floor and named in the evidence, never counted as zero.
+
+    - ``weight_bytes``: read by every step whatever the batch: a dense model's bytes read
+      per token; for a mixture of experts, everything but the routed experts (attention,
+      dense layers, shared experts, routers, the LM head).
+    - ``routed_expert_bytes``: every routed expert of every MoE layer; a step reads the
+      share its tokens touch (``num_experts``, ``experts_per_token`` say how many).
+    - ``active_parameters``: the weights one token multiplies through (2 FLOPs each).
+    - ``attention_flops_per_context_token``: FLOPs one new token spends on each earlier
+      token of its sequence, all layers together.
+    - ``kv_bytes_per_token`` and ``kv_split``: the KV cache of one token, and over how
+      many GPUs it can be split (its KV heads; 1 for a latent cache every GPU keeps whole).
+    - ``draft_weight_bytes``, ``draft_parameters`` and ``draft_kv_bytes_per_token``: a
+      draft model's weights and its own KV cache per token, both read once per draft
+      token (0 for n-gram drafting).
+    """
+
+    gpu: str
+    memory_bandwidth_gb_s: float
+    weight_bytes: float
+    achievable_fraction: float = 1.0
+    compute_tflops: float | None = None
+    tensor_parallel_size: int = 1
+    routed_expert_bytes: float = 0.0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    active_parameters: float | None = None
+    attention_flops_per_context_token: float | None = None
+    kv_bytes_per_token: float | None = None
+    kv_split: int | None = None
+    draft_weight_bytes: float | None = None
+    draft_parameters: float | None = None
+    draft_kv_bytes_per_token: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Rulebook:
-    """Everything the classifier reads besides the signals, resolved once at start-up."""
+    """Everything the classifier reads besides the signals, resolved once at start-up.
+
+    ``decode_remediation`` holds the decode-bound texts by what the roofline says binds
+    (``weights``, ``kv``, ``draft``, ``compute``, ``serving_stack``, ``settings``).
+    """
 
     slo: Slo
     thresholds: Thresholds
     remediation: Mapping[Cause, tuple[str, ...]]
     ceiling: Ceiling | None = None
+    roofline: Roofline | None = None
+    decode_remediation: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

@@ -95,6 +95,13 @@ def _window_deltas(
             counters[name] = new - old
         else:
             hists[name] = histogram_delta(new, old)
+    # A field no step has (speculative decoding off, an older vLLM) has nothing to sum:
+    # leaving it out keeps such windows off the step-by-step path.
+    slow = [
+        name
+        for name in slow
+        if any(st is not None and (name in st.counters or name in st.histograms) for st in steps)
+    ]
     if slow:
         _sum_steps(slow, steps, counters, hists, layout_changed)
     return counters, hists, layout_changed
@@ -170,6 +177,41 @@ class _Latency:
     quantiles: dict[float, Quantile | None] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class _EngineSteps:
+    """What the window says about engine steps: tokens per step (``iteration_tokens``)
+    and speculative decoding's drafts, from their window increases."""
+
+    histogram: Histogram | None = None
+    tokens_mean: float | None = None
+    count: float = 0.0
+    drafts: float | None = None
+    draft_tokens: float | None = None
+    accepted: float | None = None
+    tokens_per_step: float = 1.0
+
+    @classmethod
+    def of(cls, counters: dict[str, float], iteration: Histogram | None) -> _EngineSteps:
+        drafts = counters.get("spec_drafts")
+        accepted = counters.get("spec_accepted_tokens")
+        per_step = 1.0
+        if drafts and accepted is not None:
+            per_step = 1.0 + accepted / drafts
+        return cls(
+            histogram=iteration,
+            tokens_mean=(
+                iteration.sum / iteration.count
+                if iteration is not None and iteration.count > 0
+                else None
+            ),
+            count=iteration.count if iteration is not None else 0.0,
+            drafts=drafts,
+            draft_tokens=counters.get("spec_draft_tokens"),
+            accepted=accepted,
+            tokens_per_step=per_step,
+        )
+
+
 class Window:
     """The snapshots of the last ``seconds`` of one target, newest last.
 
@@ -226,6 +268,8 @@ class Window:
         waiting = _Gauge.of([m.waiting for m in series], "waiting_mean", missing)
         kv = _Gauge.of([m.kv_usage for m in series], "kv_usage_mean", missing)
         kv_max = max((m.kv_usage_max for m in series if m.kv_usage_max is not None), default=None)
+        busy = [m for m in series if m.running]
+        busy_kv = [m.kv_usage for m in busy if m.kv_usage is not None]
 
         # Counters and histograms: the steps after the window's first snapshot.
         counters, hists, layout_changed = _window_deltas(
@@ -263,6 +307,8 @@ class Window:
         for name in layout_changed:
             missing[f"{name}_layout"] = "bucket bounds changed inside the window"
         queued = hists.get("queue_time") if span > 0 else None
+        steps = _EngineSteps.of(counters, hists.get("iteration_tokens") if span > 0 else None)
+        newest_series = newest.models.get(model)
 
         return Signals(
             model_name=model,
@@ -295,11 +341,23 @@ class Window:
             generation_tokens_per_second=rates["generation_tokens_per_second"],
             mean_prompt_tokens=means["mean_prompt_tokens"],
             mean_generation_tokens=means["mean_generation_tokens"],
+            # One ITL sample per request per engine step, and a step may emit several
+            # tokens under speculative decoding: the rate is tokens per step / step.
             decode_tokens_per_second_per_stream=(
-                1.0 / itl.mean if itl.mean is not None and itl.mean > 0 else None
+                steps.tokens_per_step / itl.mean if itl.mean is not None and itl.mean > 0 else None
             ),
             kv_pool_tokens=newest.kv_pool.tokens if newest.kv_pool is not None else None,
             missing=missing,
+            engines=newest_series.engines if newest_series is not None else 1,
+            iteration_tokens=steps.histogram,
+            iteration_tokens_mean=steps.tokens_mean,
+            running_busy_mean=(sum(m.running or 0.0 for m in busy) / len(busy) if busy else None),
+            kv_usage_busy_mean=sum(busy_kv) / len(busy_kv) if busy_kv else None,
+            iteration_steps=steps.count,
+            spec_drafts=steps.drafts,
+            spec_draft_tokens=steps.draft_tokens,
+            spec_accepted_tokens=steps.accepted,
+            decode_tokens_per_step=steps.tokens_per_step,
         )
 
     def _latency(

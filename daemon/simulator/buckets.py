@@ -18,6 +18,10 @@ ITL_V1: tuple[float, ...] = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
     10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+#: ``vllm:iteration_tokens_total``: tokens per engine step (V1, 0.19.1).
+ITERATION_TOKENS_V1: tuple[float, ...] = (
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+)  # fmt: skip
 #: e2e, queue, prefill and decode request-phase histograms (V1, 0.19.1): one list.
 REQUEST_LATENCY_V1: tuple[float, ...] = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,

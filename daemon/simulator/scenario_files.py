@@ -60,6 +60,17 @@ class ServerFields(_Strict):
     compute_efficiency: float | None = Field(default=None, gt=0, le=1)
     step_overhead_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     kv_watermark: float | None = Field(default=None, ge=0, lt=1)
+    tensor_parallel_size: int | None = Field(default=None, ge=1)
+    kv_heads: int | None = Field(default=None, ge=1)
+    # Mixture of experts: how much of parameters_billion sits in routed experts.
+    routed_experts_billion: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    num_experts: int | None = Field(default=None, ge=1)
+    experts_per_token: int | None = Field(default=None, ge=1)
+    # Speculative decoding: draft tokens per step, acceptance per token, draft size.
+    num_speculative_tokens: int | None = Field(default=None, ge=0)
+    draft_acceptance: float | None = Field(default=None, ge=0, lt=1)
+    draft_parameters_billion: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    draft_kv_bytes_per_token: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class WorkloadFields(_Strict):

@@ -36,6 +36,13 @@ def server_spec(
     kv_bytes_per_token: float = 131072.0,
     memory_bandwidth_gb_s: float | None = None,
     compute_tflops: float | None = None,
+    routed_experts_billion: float = 0.0,
+    num_experts: int = 0,
+    experts_per_token: int = 0,
+    draft_parameters_billion: float = 0.0,
+    draft_kv_bytes_per_token: float = 0.0,
+    tensor_parallel_size: int = 1,
+    kv_heads: int | None = None,
     **caps: Any,
 ) -> ServerSpec:
     """A model (Llama-3.1-8B at bf16 unless told otherwise) on a card of rules/gpus.yaml.
@@ -45,6 +52,14 @@ def server_spec(
     them, and with both given ``gpu`` is only a label (a card the table lacks). Every
     weight is read per decode step: ``parameters x bytes per weight`` (docs/physics.md);
     ``caps`` are ``ServerSpec``'s other fields (``max_num_seqs``, ``block_size``, ...).
+
+    A mixture of experts puts ``routed_experts_billion`` of its ``parameters_billion`` in
+    ``num_experts`` routed experts, ``experts_per_token`` of them per token; a draft model
+    of ``draft_parameters_billion`` is stored like the model, its KV cache holding
+    ``draft_kv_bytes_per_token``. Under tensor parallelism
+    the spec is one GPU's: its share of the weights and FLOPs, and of the KV cache
+    (``kv_heads`` split over the GPUs, replicated below one head each).
+
     Raises ``ConfigError`` for an unknown card or dtype, ``ValueError`` for numbers vLLM
     would refuse.
     """
@@ -60,15 +75,29 @@ def server_spec(
             raise ValueError(
                 f"{card.name} has no compute figure in rules/gpus.yaml; give compute_tflops"
             )
+    if not 0 <= routed_experts_billion < parameters_billion or tensor_parallel_size < 1:
+        raise ValueError("routed experts must be part of the parameters; TP must be >= 1")
     # A whole number of parameters, so that 8.03 billion is exactly 8,030,000,000.
     parameters = float(round(parameters_billion * 1e9))
+    routed = float(round(routed_experts_billion * 1e9))
+    active = parameters - routed + (routed * experts_per_token / num_experts if routed else 0.0)
+    size = bytes_per_param(dtype)
+    draft = float(round(draft_parameters_billion * 1e9))
+    tp = tensor_parallel_size
+    kv_split = min(tp, kv_heads) if kv_heads else tp
     return ServerSpec(
         gpu=name,
         memory_bandwidth_gb_s=memory_bandwidth_gb_s,
         compute_tflops=compute_tflops,
-        weight_bytes=parameters * bytes_per_param(dtype),
-        parameters=parameters,
-        kv_bytes_per_token=kv_bytes_per_token,
+        weight_bytes=(parameters - routed) * size / tp,
+        parameters=active / tp,
+        kv_bytes_per_token=kv_bytes_per_token / kv_split,
+        routed_expert_bytes=routed * size / tp,
+        num_experts=num_experts,
+        experts_per_token=experts_per_token,
+        draft_weight_bytes=draft * size / tp,
+        draft_parameters=draft / tp,
+        draft_kv_bytes_per_token=draft_kv_bytes_per_token / kv_split,
         num_layers=num_layers,
         hidden_size=hidden_size,
         num_gpu_blocks=num_gpu_blocks,

@@ -10,7 +10,13 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Literal
 
-from daemon.simulator.buckets import ITL_V1, REQUEST_LATENCY_V1, TOKENS_GRID, TTFT_V1
+from daemon.simulator.buckets import (
+    ITERATION_TOKENS_V1,
+    ITL_V1,
+    REQUEST_LATENCY_V1,
+    TOKENS_GRID,
+    TTFT_V1,
+)
 
 FinishedReason = Literal["stop", "length", "abort", "error", "repetition"]
 #: The ``finished_reason`` label values vLLM V1 pre-creates, in its order.
@@ -76,8 +82,20 @@ class EngineStats:
     decode: Histogram = field(default_factory=_latency)
     request_prompt_tokens: Histogram = field(default_factory=_tokens)
     request_generation_tokens: Histogram = field(default_factory=_tokens)
+    iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_TOKENS_V1))
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_position: dict[int, int] = field(default_factory=dict)
     steps: int = 0
     busy_s: float = 0.0
+    #: The engine's own truth, not exposed by vLLM: the hardware's share of each step
+    #: (``floor_s``: the steps without their overhead), and the same weighted by the
+    #: requests decoding in each step as vLLM's ITL histogram weighs steps:
+    #: ``decode_floor_s / decode_step_s`` is the roofline ratio the daemon estimates.
+    floor_s: float = 0.0
+    decode_floor_s: float = 0.0
+    decode_step_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
