@@ -85,6 +85,7 @@ def build_rulebook(settings: Settings) -> Rulebook:
             prefill_dominant_share=th.prefill_dominant_share,
             itl_spike_ratio=th.itl_spike_ratio,
             near_ceiling_ratio=th.near_ceiling_ratio,
+            stall_after_seconds=th.stall_after_seconds,
         ),
         remediation=load_remediation(),
         ceiling=ceiling(settings),

@@ -59,6 +59,7 @@ class ThresholdSettings(BaseModel):
     prefill_dominant_share: float = Field(gt=0, lt=1)
     itl_spike_ratio: float = Field(gt=1)
     near_ceiling_ratio: float = Field(gt=0, le=1)
+    stall_after_seconds: float = Field(gt=0)
 
 
 class HardwareSettings(BaseModel):

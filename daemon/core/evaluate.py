@@ -50,7 +50,7 @@ class Evaluator:
         transitions: list[Transition] = []
         for model in self.window.models():
             s = self.window.signals(model)
-            d = diagnose(s, self.rulebook)
+            d = diagnose(s, self.rulebook, open_after=self.incidents.open_after)
             signals[model], diagnoses[model] = s, d
             transitions.extend(self.incidents.observe(d))
         self.incidents.forget_clear(set(diagnoses))

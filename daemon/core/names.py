@@ -10,6 +10,9 @@ vLLM renamed several series (see ``tests/fixtures/vllm/SOURCES.md`` and vLLM's
   interval per generated token after the first. ``vllm:request_time_per_output_token_seconds``
   is a different, per-request histogram and is not used for ITL.
 - Queue, prefill and decode time histograms exist only in V1 (0.8 on).
+- ``vllm:iteration_tokens_total`` (V1) is a histogram observed once per engine step; only
+  its ``_count`` is read, as a counter of steps: the most direct sign that the engine
+  is stepping (``docs/physics.md``, "stalled").
 - Ray Serve re-exports the same families with the prefix ``ray_vllm:``.
 - Since 0.12 every counter and histogram has a ``_created`` sample (exposed by
   prometheus_client as a separate ``..._created`` gauge family); those names are simply
@@ -50,6 +53,7 @@ _COUNTERS: tuple[tuple[str, str, Generation], ...] = (
     ("prompt_tokens", "prompt_tokens_total", "both"),
     ("generation_tokens", "generation_tokens_total", "both"),
     ("requests_finished", "request_success_total", "both"),
+    ("iterations", "iteration_tokens_total_count", "both"),
 )
 _HISTOGRAMS: tuple[tuple[str, str, Generation], ...] = (
     ("ttft", "time_to_first_token_seconds", "both"),
@@ -64,7 +68,13 @@ _HISTOGRAMS: tuple[tuple[str, str, Generation], ...] = (
 CACHE_CONFIG = "cache_config_info"
 
 GAUGE_FIELDS = ("running", "waiting", "kv_usage")
-COUNTER_FIELDS = ("preemptions", "prompt_tokens", "generation_tokens", "requests_finished")
+COUNTER_FIELDS = (
+    "preemptions",
+    "prompt_tokens",
+    "generation_tokens",
+    "requests_finished",
+    "iterations",
+)
 HISTOGRAM_FIELDS = (
     "ttft",
     "itl",

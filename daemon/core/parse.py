@@ -348,6 +348,7 @@ def _assemble(
             prompt_tokens=counters.get("prompt_tokens"),
             generation_tokens=counters.get("generation_tokens"),
             requests_finished=counters.get("requests_finished"),
+            iterations=counters.get("iterations"),
             ttft=hists.get("ttft"),
             itl=hists.get("itl"),
             queue_time=hists.get("queue_time"),

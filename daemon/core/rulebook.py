@@ -34,6 +34,7 @@ class Thresholds:
     prefill_dominant_share: float
     itl_spike_ratio: float
     near_ceiling_ratio: float
+    stall_after_seconds: float
 
 
 @dataclass(frozen=True, slots=True)
