@@ -283,7 +283,9 @@ class Window:
 
     def _progress(self, model: str, newest: Snapshot, interval: float | None) -> Progress | None:
         w = self._watch.get(model)
-        if w is None or not w.values:
+        if w is None or not any(k not in PROGRESS_GAUGES for k in w.values):
+            # Gauges alone can sit still on a busy server: without a counter that must
+            # move when the engine steps, "no progress" cannot be told from "steady".
             return None
         stall = w.stall
         recent = stall is not None and newest.at - stall[1] <= self.seconds
@@ -366,6 +368,11 @@ class Window:
         for name in layout_changed:
             missing[f"{name}_layout"] = "bucket bounds changed inside the window"
         queued = hists.get("queue_time") if span > 0 else None
+        progress = self._progress(
+            model, newest, span / (len(entries) - 1) if len(entries) > 1 else None
+        )
+        if progress is None:
+            missing["progress"] = "not exposed by this vLLM: no token, step or latency counter"
 
         return Signals(
             model_name=model,
@@ -402,9 +409,7 @@ class Window:
                 1.0 / itl.mean if itl.mean is not None and itl.mean > 0 else None
             ),
             kv_pool_tokens=newest.kv_pool.tokens if newest.kv_pool is not None else None,
-            progress=self._progress(
-                model, newest, span / (len(entries) - 1) if len(entries) > 1 else None
-            ),
+            progress=progress,
             missing=missing,
         )
 
