@@ -194,7 +194,7 @@ class TestStandardServer:
         assert fired(induce(standard, "decode", tmp_path))[:1] == ["decode_bound"]
 
     def test_a_stopped_engine_is_stalled(self, standard: Server, tmp_path: Path) -> None:
-        """8 decoding streams, then the EngineCore process is stopped (SIGSTOP) for a
+        """4 decoding streams, then the EngineCore process is stopped (SIGSTOP) for a
         minute while the API server keeps answering /metrics with frozen gauges: stalled
         fires first and alone, within stall_after_seconds plus two scrapes of the stop,
         and resolves once the engine runs again (SIGCONT)."""
@@ -202,11 +202,11 @@ class TestStandardServer:
         engine = engine_core_pid(standard)
         before, hang, after = 20.0, STALL_SECONDS, 25.0
         recorder = start_recorder(
-            standard.metrics_url, rec, tmp_path / "record-stall.log", 3 + before + hang + after
+            standard.metrics_url, rec, tmp_path / "record-stall.log", 3 + before + hang + after + 8
         )
         try:
             time.sleep(3)  # a few idle scrapes first: the baseline
-            load = Load(standard, "stall", before + hang + after - 10)
+            load = Load(standard, "stall", before + hang + after)
             time.sleep(before)
             stopped_at = time.time()
             os.kill(engine, signal.SIGSTOP)
