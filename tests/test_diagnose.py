@@ -343,7 +343,7 @@ class TestStalled:
         """10 s without progress: too short for a stall, and the gauges are frozen, so the
         queue they show is not judged either (it would fire before the stall could)."""
         d = diagnose(signals(progress=progress(seconds_without_progress=10.0), **QUEUED), rules())
-        assert d.cause is None and d.breaches == ()
+        assert d.cause is None and d.breaches == () and d.held
         assert "no engine progress for 10 s" in d.summary
 
     def test_the_window_after_a_stall_is_the_stalls(self) -> None:
@@ -356,6 +356,7 @@ class TestStalled:
         )
         d = diagnose(signals(progress=after, **QUEUED), rules())
         assert d.cause is None and "resumed 20 s ago" in d.summary
+        assert not d.held  # clear: the stall is over, and it resolves
 
     def test_a_short_pause_before_is_no_alibi(self) -> None:
         """A pause shorter than a stall leaves the symptoms to be judged as usual."""

@@ -154,6 +154,20 @@ class TestStalls:
             ("resolved", "stalled", 210),
         ]
 
+    def test_a_hang_does_not_resolve_the_incident_it_replaces(self) -> None:
+        """A queue is firing when the engine hangs: the frozen stretch gives no verdict, so
+        the queue's incident does not "resolve" as the hang begins; the stall takes its
+        place as a changed cause."""
+        ev = build_evaluator(load_settings())
+        queued = [engine(t, t * 50, waiting=5.0) for t in range(0, 100, 5)]
+        hung = [engine(t, 5000, waiting=5.0) for t in range(100, 200, 5)]
+        assert run(ev, queued + hung) == [
+            ("firing", "queue_bound", 10),
+            ("resolved", "queue_bound", 130),
+            ("firing", "stalled", 130),
+        ]
+        assert ev.step(engine(200, 5000, waiting=5.0)).transitions == []
+
     def test_a_restart_is_not_a_stall(self) -> None:
         """Killed at 100 s, back at 300 s (no scrapes between), counters from zero and
         requests arriving: nothing fires."""

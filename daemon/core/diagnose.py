@@ -443,8 +443,9 @@ def _stalled(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
 
 
 def _held(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
-    """Nothing judged: the engine is not moving yet not long enough to call it stalled, or
-    the window still holds a stall's delayed observations."""
+    """Nothing judged: the engine is not moving, yet not for long enough to call it
+    stalled (held: no verdict at all), or the window still holds a stall's delayed
+    observations (clear: the stall is over, and they are its)."""
     p = st.progress
     if st.frozen:
         summary = (
@@ -465,6 +466,9 @@ def _held(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
         cause=None,
         summary=summary,
         evidence=_stall_evidence(s, st, rules),
+        # Frozen: no verdict yet, so an open incident is neither resolved nor advanced (a
+        # hang would otherwise "resolve" it). After a stall: clear, so the stall resolves.
+        held=st.frozen,
     )
 
 

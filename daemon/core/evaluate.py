@@ -52,7 +52,8 @@ class Evaluator:
             s = self.window.signals(model)
             d = diagnose(s, self.rulebook, open_after=self.incidents.open_after)
             signals[model], diagnoses[model] = s, d
-            transitions.extend(self.incidents.observe(d))
+            if not d.held:
+                transitions.extend(self.incidents.observe(d))
         self.incidents.forget_clear(set(diagnoses))
         return Evaluation(
             at=snapshot.at,

@@ -233,7 +233,10 @@ class Diagnosis:
     """One evaluation's verdict for one model.
 
     ``breaches`` names the SLO symptoms that were breached; ``cause`` is ``None`` when
-    nothing was. ``evidence`` holds the numbers that decided it.
+    nothing was. ``evidence`` holds the numbers that decided it. ``held`` is an evaluation
+    without a verdict: the engine showed no progress with work outstanding, but not yet
+    for long enough to call it stalled, and its frozen gauges are not evidence of anything
+    else; the incident tracker skips it, so an open incident neither resolves nor advances.
     """
 
     model_name: str
@@ -245,6 +248,7 @@ class Diagnosis:
     evidence: Evidence = field(default_factory=dict)
     secondary: tuple[Cause, ...] = ()
     remediation: tuple[str, ...] = ()
+    held: bool = False
 
     @property
     def breached(self) -> bool:
