@@ -417,14 +417,14 @@ def _stalled(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
     checks: list[bool | None] = [True, gauges, probe_check, "iterations" in p.checked]
     without = p.seconds_without_progress
     if gauges:
-        held = (
+        owed = (
             f"{p.running or 0:g} requests running and {p.waiting or 0:g} waiting "
             "(gauges frozen at the last engine update)"
         )
     else:
-        held = f"a one-token probe unanswered for {probe or 0:.0f} s while the gauges say idle"
+        owed = f"a one-token probe unanswered for {probe or 0:.0f} s while the gauges say idle"
     summary = (
-        f"engine made no progress for {without:.0f} s with {held}: no tokens, no engine "
+        f"engine made no progress for {without:.0f} s with {owed}: no tokens, no engine "
         "steps; /metrics still answers, so the API server lives and the engine does not"
     )
     evidence = _stall_evidence(s, st, rules)
