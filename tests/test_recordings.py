@@ -57,7 +57,7 @@ def test_real_recording_fires_the_induced_cause(name: str, cause: str | None) ->
 @pytest.mark.parametrize(("name", "causes"), PROGRESS.items(), ids=list(PROGRESS))
 def test_progress_recordings_fire_exactly(name: str, causes: list[str]) -> None:
     """The stopped engine fires stalled and nothing else; the restarted server (counters
-    reset, 2.5 minutes without an answer) fires nothing at all."""
+    reset, 93 s without an answer) fires nothing at all."""
     assert [t.cause for t in transitions(name, STALL_CONFIG) if t.event == "firing"] == causes
 
 
