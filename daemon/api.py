@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from daemon.core.report import diagnosis_dict, iso, transition_dict
+from daemon.probe import ProbeStats
+from daemon.redact import safe_url
 from daemon.state import TargetState
 
 
@@ -25,6 +27,19 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def probe_json(p: ProbeStats) -> dict[str, Any]:
+    return {
+        "url": safe_url(p.url),
+        "probes": p.probes,
+        "failures": dict(p.failures),
+        "in_flight": p.in_flight,
+        "last_at": None if p.last_at is None else iso(p.last_at),
+        "last_seconds": p.last_seconds,
+        "last_reason": p.last_reason,
+        "unanswered_since": None if p.unanswered_since is None else iso(p.unanswered_since),
+    }
+
+
 def target_json(t: TargetState) -> dict[str, Any]:
     out: dict[str, Any] = {
         "target": t.name,
@@ -36,6 +51,7 @@ def target_json(t: TargetState) -> dict[str, Any]:
         "last_scrape_at": None if t.last_scrape_at is None else iso(t.last_scrape_at),
         "last_success_at": None if t.last_success_at is None else iso(t.last_success_at),
         "ceiling": dataclasses.asdict(t.ceiling) if t.ceiling else None,
+        "probe": probe_json(t.probe) if t.probe is not None else None,
         "models": [],
         # A copy first: the event loop may append while this (HTTP) thread reads.
         "recent_transitions": [transition_dict(tr, target=t.name) for tr in list(t.recent)],

@@ -60,6 +60,7 @@ class ThresholdSettings(BaseModel):
     itl_spike_ratio: float = Field(gt=1)
     near_ceiling_ratio: float = Field(gt=0, le=1)
     roofline_impossible_ratio: float = Field(gt=1)
+    stall_after_seconds: float = Field(gt=0)
 
 
 class HardwareSettings(BaseModel):
@@ -149,6 +150,27 @@ class HttpAuth(BaseModel):
         return self
 
 
+class ProbeSettings(BaseModel):
+    """The active probe of one target (``daemon/probe.py``), off unless ``enabled``.
+
+    Every ``interval_seconds`` a one-token completion goes to the server's OpenAI API
+    (``url``, default: the target's address with the path ``/v1/completions``), one at a
+    time, for ``model`` (default: the ``model_name`` its /metrics shows), marked with
+    ``user`` and an ``X-Request-Id`` of ``<user>-<n>``. It gives up after
+    ``timeout_seconds``. A probe left unanswered while the engine makes no progress is
+    evidence of a stall, including the one metrics cannot show: a hung engine whose
+    gauges say it is idle. The target's credentials are sent with it.
+    """
+
+    model_config = _FROZEN
+    enabled: bool = False
+    interval_seconds: float = Field(default=30.0, gt=0)
+    timeout_seconds: float = Field(default=30.0, gt=0)
+    url: HttpUrl | None = None
+    model: str | None = Field(default=None, min_length=1)
+    user: str = Field(default="vllm-triage-probe", min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
+
+
 class TargetSettings(HttpAuth):
     """One vLLM server to watch. ``hardware`` and ``model`` replace the top-level ones."""
 
@@ -156,6 +178,7 @@ class TargetSettings(HttpAuth):
     url: HttpUrl
     hardware: HardwareSettings | None = None
     model: ModelSettings | None = None
+    probe: ProbeSettings = ProbeSettings()
 
 
 class PrometheusSourceSettings(HttpAuth):

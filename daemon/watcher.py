@@ -22,6 +22,7 @@ from daemon.core.parse import SnapshotParser
 from daemon.errors import ParseError, ScrapeError
 from daemon.httpauth import auth_headers
 from daemon.notifier import Notifier
+from daemon.probe import Prober
 from daemon.redact import safe_url
 from daemon.scrape import fetch_async
 from daemon.settings import Settings, TargetSettings
@@ -75,6 +76,18 @@ class TargetWatcher:
                     target=target.name,
                     incidents=[f"{r.model_name}: {r.state} {r.cause or ''}" for r in self._saved],
                 )
+        #: The target's active probe, when its settings enable one (``daemon/probe.py``).
+        self.prober: Prober | None = None
+        if target.probe.enabled:
+            self.prober = Prober(target, client=client, model=self._probe_model, clock=clock)
+            self.state.probe = self.prober.stats
+
+    def _probe_model(self) -> str | None:
+        """The model the probe asks for: the first ``model_name`` the target exposes."""
+        view = self.state.view
+        if view is None or not view.evaluation.diagnoses:
+            return None
+        return min(view.evaluation.diagnoses)
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -132,6 +145,9 @@ class TargetWatcher:
         st.up, st.last_success_at = True, at
         if len(snapshot.models) > self._max_models:
             snapshot = self._bounded(snapshot)
+        if self.prober is not None:
+            # The core sees the probe as data, taken with the scrape.
+            snapshot = dataclasses.replace(snapshot, probe=self.prober.status())
         evaluation = self.evaluator.step(snapshot)
         if snapshot.problems:
             st.series_problems += len(snapshot.problems)

@@ -55,6 +55,7 @@ class TestNoViewYet:
             "last_scrape_at": None,
             "last_success_at": None,
             "ceiling": None,
+            "probe": None,
             "models": [],
             "recent_transitions": [],
         }

@@ -4,6 +4,7 @@ subprocesses, a simulated server, a webhook receiver, all on 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -205,6 +206,35 @@ class TestCheck:
             result = check(metrics_url(sim), window=6, scrapes=4, timeout=5, config=None)
         assert result["verdict"] == "healthy", result
         assert result["models"][0]["cause"] is None
+
+    def test_a_hung_engine_exits_1_stalled(self, tmp_path: Path) -> None:
+        """The engine stops stepping 1 s (real) in and never resumes; /metrics answers,
+        frozen. The 2 s window sees no progress, so the check watches on until that has
+        lasted stall_after_seconds (3 s here), then says stalled: not "cannot tell"."""
+        hung = tmp_path / "hung.yaml"
+        hung.write_text(
+            (Path(__file__).parents[1] / "rules" / "scenarios" / "stalled.yaml")
+            .read_text()
+            .replace("duration_seconds: 240", "duration_seconds: 10")
+            .replace("duration_seconds: 300", "duration_seconds: 100000")
+        )
+        cfg = tmp_path / "t.yaml"
+        cfg.write_text("thresholds: {stall_after_seconds: 3}\n")
+        with simulated(get_scenario(str(hung)), speed=10.0) as sim:
+            time.sleep(1.5)
+            started = time.monotonic()
+            result = vllm_triage(
+                "check", metrics_url(sim), "--window", "2", "--scrapes", "3",
+                "--config", str(cfg), cwd=tmp_path,
+            )  # fmt: skip
+            took = time.monotonic() - started
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "stalled (confidence" in result.stdout
+        assert re.search(
+            r"engine made no progress for \d+ s with \d+ requests running", result.stdout
+        )
+        assert "fix: Take a stack dump" in result.stdout
+        assert took < 20
 
     def test_a_dead_server_cannot_tell_exit_2(self, tmp_path: Path) -> None:
         url = f"http://127.0.0.1:{refused_port()}/metrics"

@@ -95,6 +95,9 @@ PREFILL = Workload(arrival_rate_per_s=0.15, prompt_tokens=20000, output_tokens=2
 DECODE = Workload(arrival_rate_per_s=0.04, prompt_tokens=48, output_tokens=400, seed=2)
 QUEUE = Workload(arrival_rate_per_s=10.0, prompt_tokens=400, output_tokens=250, seed=3)
 KV = Workload(arrival_rate_per_s=0.6, prompt_tokens=3000, output_tokens=1200, seed=4)
+LATE_USERS = Workload(
+    arrival_rate_per_s=0.1, prompt_tokens=600, output_tokens=180, spread=0.5, seed=5
+)
 
 EXPECTED: dict[str, Scenario] = {
     "healthy": Scenario("healthy", H100, (Phase(600.0, HEALTHY),), LLAMA),
@@ -102,6 +105,16 @@ EXPECTED: dict[str, Scenario] = {
     "decode_bound": Scenario("decode_bound", CPU, (Phase(600.0, DECODE),), LLAMA),
     "queue_bound": Scenario("queue_bound", H100_16_SEATS, (Phase(600.0, QUEUE),), LLAMA),
     "kv_pressure": Scenario("kv_pressure", A100_SMALL_POOL, (Phase(600.0, KV),), LLAMA),
+    "stalled": Scenario(
+        "stalled",
+        H100,
+        (
+            Phase(240.0, HEALTHY),
+            Phase(300.0, LATE_USERS, hang=True),
+            Phase(120.0, HEALTHY),
+        ),
+        LLAMA,
+    ),
     "tour": Scenario(
         "tour",
         H100,
@@ -137,9 +150,9 @@ phases:
 
 
 class TestBundled:
-    def test_the_six_scenarios_are_listed(self) -> None:
+    def test_the_seven_scenarios_are_listed(self) -> None:
         assert scenario_names() == tuple(sorted(EXPECTED))
-        assert set(SCENARIOS) == set(EXPECTED) and len(SCENARIOS) == 6
+        assert set(SCENARIOS) == set(EXPECTED) and len(SCENARIOS) == 7
         assert list_bundled("scenarios") == scenario_names()
 
     @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -245,6 +258,13 @@ class TestUserFiles:
             (("num_gpu_blocks: 4096", "num_gpu_blocks: 10"), r"server: the KV pool must hold"),
             (("duration_seconds: 30", "duration_seconds: 0"), r"phases\[0\]\.duration_seconds"),
             (("name: mine\n", ""), r"mine\.yaml: name: Field required"),
+            (
+                (
+                    "    workload: {arrival_rate_per_s: 1,",
+                    "    hang: 'yes'\n    workload: {arrival_rate_per_s: 1,",
+                ),
+                r"phases\[0\]\.hang",
+            ),
         ],
     )
     def test_a_bad_file_names_the_file_and_key(

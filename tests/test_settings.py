@@ -54,6 +54,11 @@ class TestErrors:
         [
             pytest.param("slo:\n  ttft_p99_seconds: -1\n", "slo.ttft_p99_seconds", id="negative"),
             pytest.param("slo:\n  ttft_p99: 1\n", "slo.ttft_p99: unknown key", id="typo"),
+            pytest.param(
+                "thresholds:\n  stall_after_seconds: 0\n",
+                "thresholds.stall_after_seconds",
+                id="stall-zero",
+            ),
             pytest.param("window_seconds: soon\n", "window_seconds", id="not-a-number"),
             pytest.param("- a\n- b\n", "expected a mapping", id="list"),
             pytest.param("slo: [\n", "not valid YAML", id="yaml-syntax"),

@@ -26,7 +26,7 @@ from daemon.simulator.serve import CONTENT_TYPE, LiveSimulation
 from clirun import COMMAND, stderr_lines, vllm_triage
 
 START_MS = 1_767_225_600_000  # the default --start, 2026-01-01T00:00:00Z
-CAUSES = ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure")
+CAUSES = ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure", "stalled")
 
 
 def events(stdout: str) -> list[dict[str, object]]:
@@ -55,6 +55,13 @@ class TestRecordThenReplay:
         else:
             assert fired, replayed.stderr
             assert {e["diagnosis"] for e in fired} == {scenario}
+        if scenario == "stalled":
+            # hung from 240 s to 540 s: fires at stall_after_seconds (30 s), resolves after
+            at = [
+                (e["event"], round(float(str(e["at"])) - START_MS / 1000))
+                for e in events(replayed.stdout)
+            ]
+            assert at == [("firing", 270), ("resolved", 550)]
 
 
 class TestRecord:

@@ -198,6 +198,20 @@ def test_tour_walks_through_each_cause_and_recovers(start: float, cause: str) ->
     assert healed.p99(ITL) < 0.1
 
 
+def test_a_hung_engine_serves_the_same_metrics_until_it_resumes() -> None:
+    """The stalled scenario hangs from 240 s to 540 s: every scrape of the hang after
+    its first is byte for byte the same (frozen gauges, flat counters, no observation),
+    and once the engine resumes the counters move again."""
+    scraped = dict(record("stalled", start_at=START, interval_s=15.0, duration_s=600.0))
+    hung = [scraped[START + t] for t in range(255, 540, 15)]
+    assert len(hung) == 19 and all(body == hung[0] for body in hung)
+    assert "vllm:num_requests_running" in hung[0]
+    assert scraped[START + 240] != hung[0] or scraped[START + 225] != hung[0]
+    assert scraped[START + 555] != hung[0]
+    running = scrapes("stalled", 600.0)[20].gauge("vllm:num_requests_running")
+    assert running > 0  # work is outstanding while nothing moves
+
+
 def test_ten_minutes_of_tour_take_a_few_seconds() -> None:
     """Virtual time: 600 simulated seconds, scraped every 15 s, in well under 5 s of CPU."""
     started = time.process_time()
@@ -213,6 +227,7 @@ def test_every_scenario_is_named_and_runs_from_t0() -> None:
         "decode_bound",
         "queue_bound",
         "kv_pressure",
+        "stalled",
         "tour",
     }
     for name, sc in SCENARIOS.items():

@@ -2,9 +2,12 @@
 
 Scrapes the server ``--scrapes`` times over ``--window`` seconds and diagnoses the
 window with the same core as the daemon, without waiting for an incident to persist:
-the verdict is this window's. Exit 0 healthy, 1 an SLO is breached (the cause is
-printed), 2 cannot tell (the server did not answer, or too few requests finished in the
-window to judge). Usage errors also exit 2, as everywhere in vllm-triage.
+the verdict is this window's. A server whose engine showed no progress at all while
+requests were outstanding is watched on, at the same pace, until that has lasted
+``stall_after_seconds`` (then it is stalled) or the engine moves. Exit 0 healthy, 1 an
+incident (the cause is printed; a hung engine is ``stalled``), 2 cannot tell (the server
+did not answer, or too few requests finished in the window to judge). Usage errors also
+exit 2, as everywhere in vllm-triage.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from daemon.commands.argtypes import positive_float, positive_int
+
+if TYPE_CHECKING:
+    from daemon.core.evaluate import Evaluation
 
 Verdict = Literal["healthy", "incident", "cannot_tell"]
 EXIT: dict[Verdict, int] = {"healthy": 0, "incident": 1, "cannot_tell": 2}
@@ -64,6 +70,16 @@ def judge(result: dict[str, Any]) -> Verdict:
     return "healthy"
 
 
+def frozen(evaluation: Evaluation) -> bool:
+    """Some model's engine shows no progress with work outstanding, not yet a stall."""
+    return any(
+        d.cause != "stalled"
+        and (p := evaluation.signals[name].progress) is not None
+        and p.seconds_without_progress > 0
+        for name, d in evaluation.diagnoses.items()
+    )
+
+
 def check(
     url: str,
     *,
@@ -77,7 +93,7 @@ def check(
     import httpx
 
     from daemon.assemble import build_rulebook
-    from daemon.core.evaluate import Evaluation, Evaluator
+    from daemon.core.evaluate import Evaluator
     from daemon.core.parse import SnapshotParser
     from daemon.core.report import diagnosis_dict
     from daemon.errors import ParseError, ScrapeError
@@ -85,26 +101,38 @@ def check(
     from daemon.settings import load_settings
 
     settings = load_settings(config)
-    # The window must hold every scrape of the check, whatever the settings say.
-    evaluator = Evaluator(build_rulebook(settings), window_seconds=window * 2 + timeout)
+    # The window must hold every scrape of the check, whatever the settings say. The
+    # verdict is this window's own, so a stall breaches at stall_after_seconds itself.
+    evaluator = Evaluator(
+        build_rulebook(settings), window_seconds=window * 2 + timeout, open_after=1
+    )
     parser = SnapshotParser()
     errors: list[str] = []
     last: Evaluation | None = None
     ok = 0
     gap = window / max(scrapes - 1, 1)
+
+    def one(client: httpx.Client) -> None:
+        nonlocal ok, last
+        at = clock()
+        try:
+            body = fetch(client, url, timeout=timeout, max_body_bytes=DEFAULT_MAX_BODY_BYTES)
+            evaluation = evaluator.step(parser.parse_bytes(body, at))
+        except (ScrapeError, ParseError) as exc:
+            errors.append(str(exc))
+            return
+        ok += 1
+        last = evaluation
+
     with httpx.Client(follow_redirects=True) as client:
         for i in range(max(scrapes, 2)):
             if i:
                 sleep(gap)
-            at = clock()
-            try:
-                body = fetch(client, url, timeout=timeout, max_body_bytes=DEFAULT_MAX_BODY_BYTES)
-                evaluation = evaluator.step(parser.parse_bytes(body, at))
-            except (ScrapeError, ParseError) as exc:
-                errors.append(str(exc))
-                continue
-            ok += 1
-            last = evaluation
+            one(client)
+        until = clock() + settings.thresholds.stall_after_seconds + gap
+        while last is not None and frozen(last) and clock() < until:
+            sleep(gap)
+            one(client)
     models = []
     if last is not None and ok >= 2:
         for name, d in sorted(last.diagnoses.items()):
@@ -119,6 +147,9 @@ def check(
                     "ttft_p99_seconds": s.ttft_p99.value if s.ttft_p99 else None,
                     "itl_p99_seconds": s.itl_p99.value if s.itl_p99 else None,
                     "requests_waiting_mean": s.waiting_mean,
+                    "seconds_without_progress": (
+                        s.progress.seconds_without_progress if s.progress else None
+                    ),
                     "unjudged": unjudged,
                     "idle": not active and s.ttft_p99 is None and s.itl_p99 is None,
                 }

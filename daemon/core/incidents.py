@@ -253,7 +253,7 @@ class IncidentTracker:
             t.challenger, t.challenger_run = None, 0
             return [resolved, _transition("firing", reason, t, d)]
         out = [_transition("resolved", Reason.RESOLVED, t, d)]
-        t.cause = None
+        t.cause, t.started_at = None, 0.0  # nothing open: no start to keep (or export)
         return out
 
 

@@ -36,6 +36,7 @@ class Thresholds:
     itl_spike_ratio: float
     near_ceiling_ratio: float
     roofline_impossible_ratio: float
+    stall_after_seconds: float
 
 
 @dataclass(frozen=True, slots=True)

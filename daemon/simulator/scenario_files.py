@@ -89,6 +89,8 @@ class WorkloadFields(_Strict):
 class PhaseFields(_Strict):
     duration_seconds: float = Field(gt=0, allow_inf_nan=False)
     label: str = ""
+    #: The engine stops stepping for the phase; /metrics keeps answering, frozen.
+    hang: bool = False
     workload: WorkloadFields
     server: ServerFields | None = None
 
@@ -155,7 +157,7 @@ def parse_scenario(data: Any, *, source: str) -> Scenario:
             workload = Workload(**phase.workload.model_dump(exclude_none=True))
         except ValueError as exc:  # a combination, e.g. a uniform spread of 1 or more
             raise ConfigError(f"{source}: {where}.workload: {exc}") from exc
-        phases.append(Phase(phase.duration_seconds, workload, own, phase.label))
+        phases.append(Phase(phase.duration_seconds, workload, own, phase.label, phase.hang))
     return Scenario(fields.name, spec, tuple(phases), fields.model_name)
 
 

@@ -131,12 +131,15 @@ def llama_8b(
 @dataclass(frozen=True, slots=True)
 class Phase:
     """``duration_s`` of ``workload``, on ``spec`` (``None``: the scenario's server);
-    ``label`` says what the phase shows (the live demo prints it)."""
+    ``label`` says what the phase shows (the live demo prints it). With ``hang`` the
+    engine stops stepping for the whole phase while ``/metrics`` still answers, frozen
+    (``Engine.hang``); the workload's requests still arrive, and wait."""
 
     duration_s: float
     workload: Workload
     spec: ServerSpec | None = None
     label: str = ""
+    hang: bool = False
 
 
 @dataclass(frozen=True, slots=True)
