@@ -35,6 +35,7 @@ from daemon.exporter import build_registry
 from daemon.fleet import PrometheusSource
 from daemon.http_server import Endpoints, HttpServer
 from daemon.notifier import Notifier
+from daemon.pagedata import live_document
 from daemon.settings import Settings
 from daemon.state import TargetState
 from daemon.watcher import TargetWatcher
@@ -99,6 +100,7 @@ class Daemon:
             self.target_states,
             lambda: self.ready,
             clock,
+            series=lambda now: live_document(self.target_states(), now=now, settings=settings),
         )
         self.http = HttpServer(settings.listen, endpoints)
         self.notifier = Notifier(settings, self._client, external_url(settings, self.address))

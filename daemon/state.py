@@ -14,6 +14,7 @@ from daemon.core.evaluate import Evaluation
 from daemon.core.incidents import Active, State
 from daemon.core.model import Cause, Transition
 from daemon.core.rulebook import Ceiling
+from daemon.history import History
 
 RECENT_TRANSITIONS = 20
 
@@ -48,6 +49,8 @@ class TargetState:
     #: model_name values left out because the target exposed too many.
     models_dropped: int = 0
     recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))
+    #: The last hour of evaluations, for the status page (bounded: ``daemon.history``).
+    history: History | None = None
 
     def attempted(self, at: float, duration_s: float | None = None) -> None:
         """Count one scrape (or fleet step) taken at ``at``, whatever came of it."""
