@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from daemon.core.diagnose import measurements
@@ -35,17 +35,24 @@ def _quantile(q: Quantile | None) -> float | None:
     return None if q is None else q.value
 
 
-def point_values(signals: Signals, diagnosis: Diagnosis, rules: Rulebook) -> dict[str, float]:
-    """Every number one evaluation gives, by evidence key; absent where unknown (never 0)."""
-    values: dict[str, object] = dict(measurements(signals, rules))
-    values["ttft_p50_seconds"] = _quantile(signals.ttft_p50)
-    values["ttft_p90_seconds"] = _quantile(signals.ttft_p90)
-    values["requests_running_max"] = signals.running_max
-    # The diagnosis's own evidence last: a key only a cause's evidence carries shows too.
-    values.update(diagnosis.evidence)
+def point_values(
+    signals: Signals,
+    diagnosis: Diagnosis,
+    rules: Rulebook,
+    keys: Collection[str] | None = None,
+) -> dict[str, float]:
+    """The numbers one evaluation gives (only ``keys``, if given), by evidence key; absent
+    where unknown, never a made-up 0."""
+    values: dict[str, object] = {
+        "ttft_p50_seconds": _quantile(signals.ttft_p50),
+        "ttft_p90_seconds": _quantile(signals.ttft_p90),
+        "requests_running_max": signals.running_max,
+    }
+    # A breached diagnosis carries them all already; a healthy one carries none.
+    values.update(diagnosis.evidence if diagnosis.breached else measurements(signals, rules))
     out: dict[str, float] = {}
-    for key, value in values.items():
-        number = _number(value)
+    for key in values if keys is None else keys:
+        number = _number(values.get(key))
         if number is not None:
             out[key] = number
     return out
