@@ -370,6 +370,7 @@
   }
 
   function render(doc) {
+    page.doc = doc;
     var app = document.getElementById("vt-app");
     if (doc.mode === "live" && shape === signature(doc) && groups.length) {
       update(doc);
