@@ -29,7 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from daemon import __version__
 from daemon.assemble import build_evaluator, build_rulebook
-from daemon.core.model import Transition
+from daemon.core.model import Reason, Transition
 from daemon.core.report import iso
 from daemon.core.rulebook import Rulebook
 from daemon.core.timeline import (
@@ -142,7 +142,13 @@ def _incident_json(
         "model_name": i.model_name,
         "start": i.started_at,
         "end": i.ended_at,
-        "breach_began": breach_began(times, causes, i.started_at),
+        # When the cause changed, the breach began under the previous incident: only an
+        # incident that opened from clear has a lead-up of its own.
+        "breach_began": (
+            breach_began(times, causes, i.started_at)
+            if i.opened_because is not Reason.CAUSE_CHANGED
+            else None
+        ),
         "confidence": d.confidence,
         "summary": d.summary,
         "breaches": list(d.breaches),

@@ -3,6 +3,7 @@ driven with Selenium through the system's chromedriver: never a downloaded brows
 
 from __future__ import annotations
 
+import base64
 import shutil
 import tempfile
 import time
@@ -94,3 +95,34 @@ def full_page_screenshot(driver: webdriver.Chrome, path: Path, width: int = 1280
     time.sleep(0.3)  # the charts redraw at the new size
     driver.save_screenshot(str(path))
     return path
+
+
+def clipped_screenshot(
+    driver: webdriver.Chrome, path: Path, *, until: str, width: int = 1200, scale: float = 0.75
+) -> Path:
+    """The page from its top to the bottom of the element ``until`` (a CSS selector),
+    ``scale`` times its size: a picture small enough for the README."""
+    driver.set_window_size(width, 12000)
+    time.sleep(0.3)
+    bottom = driver.execute_script(
+        "return document.querySelector(arguments[0]).getBoundingClientRect().bottom", until
+    )
+    shot = driver.execute_cdp_cmd(
+        "Page.captureScreenshot",
+        {
+            "format": "png",
+            "clip": {"x": 0, "y": 0, "width": width, "height": bottom + 12, "scale": scale},
+        },
+    )
+    path.write_bytes(base64.b64decode(shot["data"]))
+    return path
+
+
+if __name__ == "__main__":
+    # docs/report-tour.png: python tests/browser.py REPORT.html docs/report-tour.png
+    import sys
+
+    with chromium() as driver:
+        loaded = load(driver, Path(sys.argv[1]).resolve().as_uri())
+        assert not loaded.page_errors and not loaded.console_errors, loaded
+        clipped_screenshot(driver, Path(sys.argv[2]), until=".vt-charts")
