@@ -58,6 +58,8 @@ ERA_TEXT: dict[str, str] = {
 }
 #: What the status page links to (all on the daemon's listener).
 LIVE_LINKS = ("/metrics", "/api/v1/diagnoses", "/api/v1/series", "/healthz", "/readyz")
+#: Unusable files named in a report (all are counted).
+SKIPPED_LISTED = 50
 #: A recording's own notes, if whoever made it left them (the committed ones do).
 NOTES_FILE = "RECORDED.json"
 
@@ -293,7 +295,9 @@ def report_document(directory: str | Path, settings: Settings, *, now: float) ->
     if any(p for p in prefixes):
         doc["facts"].insert(6, ["prefix", ", ".join(sorted(p for p in prefixes if p))])
     doc["settings"] = _settings_rows(settings)
-    doc["skipped"] = skipped
+    # A recording of thousands of unusable files lists the first ones and counts the rest.
+    doc["skipped"] = skipped[:SKIPPED_LISTED]
+    doc["skipped_count"] = len(skipped)
     constants = setting_values(rules)
     for n, (model, acc) in enumerate(sorted(points.items()), start=1):
         mine = [t for t in transitions if t.model_name == model]

@@ -36,5 +36,5 @@ def write_report(
         size_bytes=path.stat().st_size,
         incidents=sum(len(s["incidents"]) for s in doc["sections"]),
         evaluations=max((s["evaluations"] for s in doc["sections"]), default=0),
-        skipped=len(doc["skipped"]),
+        skipped=int(doc["skipped_count"]),
     )

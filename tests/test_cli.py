@@ -18,7 +18,8 @@ class TestHelp:
         """--help explains the tool and names every subcommand."""
         result = vllm_triage("--help", cwd=tmp_path)
         assert result.returncode == 0
-        for command in ("demo", "run", "check", "record", "replay", "report", "ceiling", "check-config"):
+        commands = ("demo", "run", "check", "record", "replay", "report", "ceiling", "check-config")
+        for command in commands:
             assert command in result.stdout
         assert "VLLM_TRIAGE_" in result.stdout
 

@@ -171,3 +171,12 @@ class TestCommand:
         )
         assert result.returncode == 2
         assert "slo.ttft_p99_seconds" in result.stderr
+
+
+def test_thousands_of_unusable_files_are_counted_not_all_listed(tmp_path: Path) -> None:
+    rec = simulated_recording(tmp_path / "rec", "healthy", 60)
+    for i in range(60):
+        (rec / f"{1767225600000 + 1 + i}.prom").write_text("garbage")
+    out = write_report(rec, load_settings(), tmp_path / "r.html", now=NOW)
+    doc = inline_document(out.path)
+    assert len(doc["skipped"]) == 50 and doc["skipped_count"] == 60 and out.skipped == 60

@@ -15,7 +15,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from daemon.core.diagnose import measurements
 from daemon.core.model import Diagnosis, Quantile, Reason, Signals, Transition
@@ -82,7 +82,6 @@ class Incident:
     ``diagnosis`` is the one that fired it (its evidence decided the cause); an incident
     whose firing is not known any more (the status page keeps the last few transitions)
     has the resolving one and ``opened_because`` None. ``ended_at`` is None while it fires.
-    ``breach_began_at`` is the first of the breached evaluations that led to the firing.
     """
 
     model_name: str
@@ -92,8 +91,6 @@ class Incident:
     opened_because: Reason | None
     ended_at: float | None = None
     closed_because: Reason | None = None
-    breach_began_at: float | None = None
-    transitions: tuple[Transition, ...] = field(default=())
 
 
 def incidents(transitions: Iterable[Transition]) -> list[Incident]:
@@ -110,7 +107,6 @@ def incidents(transitions: Iterable[Transition]) -> list[Incident]:
                     started_at=t.started_at,
                     diagnosis=t.diagnosis,
                     opened_because=t.reason,
-                    transitions=(t,),
                 )
             )
             continue
@@ -125,14 +121,11 @@ def incidents(transitions: Iterable[Transition]) -> list[Incident]:
                     opened_because=None,
                     ended_at=t.at,
                     closed_because=t.reason,
-                    transitions=(t,),
                 )
             )
             continue
         opened = out[index]
-        out[index] = dataclasses.replace(
-            opened, ended_at=t.at, closed_because=t.reason, transitions=(*opened.transitions, t)
-        )
+        out[index] = dataclasses.replace(opened, ended_at=t.at, closed_because=t.reason)
     return sorted(out, key=lambda i: (i.started_at, i.model_name))
 
 

@@ -23,8 +23,7 @@
 
   function num(v, digits) {
     if (Math.abs(v) >= 1000) return Math.round(v).toLocaleString("en-US");
-    var s = v.toPrecision(digits || 3);
-    return s.indexOf("e") >= 0 ? String(Number(s)) : String(Number(s));
+    return String(Number(v.toPrecision(digits || 3)));  // 0.0500 -> "0.05"
   }
 
   function fmt(v, unit) {
@@ -134,8 +133,9 @@
       ]));
     }
     if (doc.skipped && doc.skipped.length) {
+      var count = doc.skipped_count || doc.skipped.length;
       parts.push(el("details", null, [
-        el("summary", { text: doc.skipped.length + " scrape files could not be used" }),
+        el("summary", { text: count + " scrape files could not be used" + (count > doc.skipped.length ? " (the first " + doc.skipped.length + " below)" : "") }),
         el("ul", null, doc.skipped.map(function (s) { return el("li", { text: s[0] + ": " + s[1] }); })),
       ]));
     }
