@@ -19,6 +19,7 @@ from daemon.commands import (
     demo,
     record,
     replay,
+    report,
     run,
     simulate,
 )
@@ -33,6 +34,7 @@ examples:
   vllm-triage simulate --scenario tour --port 8000  serve a simulated vLLM server's /metrics
   vllm-triage record http://127.0.0.1:8000/metrics --out rec/ --interval 5 --duration 600
   vllm-triage replay rec/ --config triage.yaml --format json
+  vllm-triage report rec/ --config triage.yaml --out report.html
   vllm-triage ceiling --parameters-billion 8 --dtype bfloat16 --gpu H100
   vllm-triage check-config --config triage.yaml
 
@@ -65,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: JSON lines unless stderr is a terminal (default)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in (demo, run, check, simulate, record, replay, ceiling, check_config):
+    for command in (demo, run, check, simulate, record, replay, report, ceiling, check_config):
         command.add_parser(sub)
     return parser
 

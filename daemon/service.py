@@ -42,6 +42,7 @@ from daemon.exporter import build_registry
 from daemon.fleet import PrometheusSource
 from daemon.http_server import Endpoints, HttpServer
 from daemon.notifier import Notifier
+from daemon.pagedata import live_document
 from daemon.settings import Settings
 from daemon.state import TargetState
 from daemon.store import StateStore
@@ -115,6 +116,7 @@ class Daemon:
             self.target_states,
             lambda: self.ready,
             clock,
+            series=lambda now: live_document(self.target_states(), now=now, settings=settings),
         )
         self.http = HttpServer(settings.listen, endpoints)
         state_dir = settings.state_path(default_state_dir)

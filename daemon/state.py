@@ -14,6 +14,7 @@ from daemon.core.evaluate import Evaluation
 from daemon.core.incidents import Active, State
 from daemon.core.model import Cause, Transition
 from daemon.core.rulebook import Ceiling
+from daemon.history import History
 from daemon.probe import ProbeStats
 
 RECENT_TRANSITIONS = 20
@@ -51,6 +52,8 @@ class TargetState:
     recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))
     #: The active probe's counts, when the target has one.
     probe: ProbeStats | None = None
+    #: The last hour of evaluations, for the status page (bounded: ``daemon.history``).
+    history: History | None = None
 
     def attempted(self, at: float, duration_s: float | None = None) -> None:
         """Count one scrape (or fleet step) taken at ``at``, whatever came of it."""

@@ -19,9 +19,12 @@ from daemon.assemble import build_evaluator, build_rulebook
 from daemon.core.incidents import TrackRecord
 from daemon.core.model import Snapshot, Transition
 from daemon.core.parse import SnapshotParser
+from daemon.core.timeline import setting_values
 from daemon.errors import ParseError, ScrapeError
+from daemon.history import History
 from daemon.httpauth import auth_headers
 from daemon.notifier import Notifier
+from daemon.page.spec import load_spec
 from daemon.probe import Prober
 from daemon.redact import safe_url
 from daemon.scrape import fetch_async
@@ -53,6 +56,13 @@ class TargetWatcher:
         self.evaluator = build_evaluator(own, rulebook)
         self.parser = SnapshotParser()
         self.state = TargetState(target.name, safe_url(target.url), rulebook.ceiling)
+        spec = load_spec()
+        self.state.history = History.for_interval(
+            spec.measured_keys,
+            history_seconds=spec.history_seconds,
+            interval_seconds=settings.interval_seconds,
+            settings_values=setting_values(rulebook),
+        )
         self.in_flight = False
         self._client = client
         self._notifier = notifier
@@ -155,6 +165,8 @@ class TargetWatcher:
         if not evaluation.accepted:
             log.warning("snapshot_out_of_order", target=st.name, at=at)
             return
+        if st.history is not None:
+            st.history.record(evaluation, self.evaluator.rulebook)
         incidents = self.evaluator.incidents
         st.view = View(
             evaluation=evaluation,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from clirun import vllm_triage
@@ -17,7 +18,8 @@ class TestHelp:
         """--help explains the tool and names every subcommand."""
         result = vllm_triage("--help", cwd=tmp_path)
         assert result.returncode == 0
-        for command in ("demo", "run", "check", "record", "replay", "ceiling", "check-config"):
+        commands = ("demo", "run", "check", "record", "replay", "report", "ceiling", "check-config")
+        for command in commands:
             assert command in result.stdout
         assert "VLLM_TRIAGE_" in result.stdout
 
@@ -87,10 +89,25 @@ class TestDemo:
     def test_live_demo_runs_the_tour_through_the_daemon(self, tmp_path: Path) -> None:
         """The README's first command (faster): the tour's four causes and the decode-ceiling
         server arrive at the local receiver as alerts; the derived /metrics URL is printed."""
-        result = vllm_triage("demo", "--speed", "40", "--listen", "127.0.0.1:0", cwd=tmp_path)
+        result = vllm_triage(
+            "demo",
+            "--speed",
+            "40",
+            "--listen",
+            "127.0.0.1:0",
+            cwd=tmp_path,
+            env={"TMPDIR": str(tmp_path)},
+        )
         assert result.returncode == 0, result.stdout + result.stderr
         out = result.stdout
         assert "derived metrics: http://127.0.0.1:" in out and "/metrics" in out
+        assert re.search(r"status page: +http://127\.0\.0\.1:\d+/\n", out)
+        # It ends with the path of the tour's report, recorded as the daemon watched it.
+        report = Path(out.splitlines()[-1])
+        assert report.parent.parent == tmp_path and report.name == "tour-report.html"
+        page = report.read_text(encoding="utf-8")
+        for cause in ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure"):
+            assert f'"cause":"{cause}"' in page
         assert "tour: ok: every cause fired" in out
         assert "decode_bound: ok: first diagnosis decode_bound" in out
         assert ", 0 failed." in out

@@ -110,6 +110,14 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"{result.delivered} notifications delivered to the local receiver, {result.failed} failed."
     )
+    if result.report is not None:
+        print(
+            f"The post-mortem report of {result.report.path.stem.removesuffix('-report')} "
+            f"(open it in a browser; `vllm-triage report DIR` makes one from any recording):"
+        )
+        print(result.report.path)
+    else:
+        print(result.report_error)
     return 0 if good and not result.failed else 1
 
 

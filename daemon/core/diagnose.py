@@ -578,3 +578,9 @@ def diagnose(s: Signals, rules: Rulebook, *, open_after: int = 1) -> Diagnosis:
         secondary=tuple(candidates[1:]),
         remediation=remediation,
     )
+
+
+def measurements(s: Signals, rules: Rulebook) -> dict[str, float | int | str | bool | None]:
+    """The numbers a diagnosis's evidence holds, for every evaluation, healthy ones too:
+    what the report and the status page chart (``daemon/core/timeline.py``)."""
+    return _evidence(s, _facts(s, rules), rules)

@@ -26,7 +26,10 @@ from daemon.core.model import Cause, Transition
 from daemon.core.report import transition_text
 from daemon.demo.offline import EXPECTED, START_AT
 from daemon.demo.sink import WebhookSink
+from daemon.demo.tour_report import LiveRecorder, demo_folder
 from daemon.demo.view import DemoTarget, render
+from daemon.errors import RecordingError
+from daemon.reportfile import WrittenReport, write_report
 from daemon.service import Daemon
 from daemon.settings import Settings, load_settings
 from daemon.simulator import Scenario, get_scenario
@@ -69,6 +72,10 @@ class LiveDemoResult:
     still_firing: dict[str, list[Cause]] = field(default_factory=dict)
     delivered: int = 0
     failed: int = 0
+    #: The post-mortem of the recorded target (``tour_report``), and where it lives.
+    report: WrittenReport | None = None
+    report_error: str = ""
+    status_url: str = ""
 
     def verdicts(self) -> dict[str, tuple[bool, str]]:
         out = {}
@@ -151,19 +158,28 @@ def run_live_demo(
                 config, scenarios=scenarios, urls=urls, speed=speed, listen=at, sink_url=sink.url
             )
 
+        clock = scaled_clock(speed)
         try:
-            daemon = Daemon(settings(listen), clock=scaled_clock(speed), default_state_dir=state)
+            daemon = Daemon(settings(listen), clock=clock, default_state_dir=state)
         except OSError:
             # The default port is taken (another daemon?): any free port will do.
-            daemon = Daemon(
-                settings("127.0.0.1:0"), clock=scaled_clock(speed), default_state_dir=state
-            )
+            daemon = Daemon(settings("127.0.0.1:0"), clock=clock, default_state_dir=state)
         for t in threads:
             t.start()
+        # The tour (or the first target) is recorded beside the daemon, for its report.
+        reported = "tour" if "tour" in scenarios else next(iter(scenarios))
+        recorder = LiveRecorder(
+            urls[reported],
+            demo_folder() / reported,
+            clock=clock,
+            interval_s=SCRAPE_EVERY_SIM_S / speed,
+        )
+        recorder.start()
         demo = _Demo(daemon, servers, scenarios, sink, total=total, speed=speed)
         try:
             asyncio.run(demo.drive(out, sys.stdout.isatty() if tty is None else tty))
         finally:
+            recorder.stop()
             stop_sims.set()
             for t in threads:
                 t.join(timeout=5)
@@ -180,6 +196,13 @@ def run_live_demo(
             kind = result.fired if alert.get("status") == "firing" else result.resolved
             kind.setdefault(labels.get("target", "?"), []).append(labels.get("diagnosis"))
     result.failed = sum(d.stats.failed for d in daemon.notifier.deliveries)
+    result.status_url = f"{daemon.url}/"
+    target = next(t for t in daemon.settings.targets if t.name == reported)
+    out_file = recorder.folder.parent / f"{reported}-report.html"
+    try:
+        result.report = write_report(recorder.folder, daemon.settings.for_target(target), out_file)
+    except (OSError, RecordingError) as exc:
+        result.report_error = f"no report of {reported}: {exc}"
     return result
 
 
@@ -209,6 +232,7 @@ class _Demo:
                 f"vllm-triage demo: simulated vLLM ({', '.join(self.scenarios)}) at "
                 f"{self.speed:g}x -> daemon -> local webhook receiver; "
                 f"{self.total:.0f} simulated seconds\n"
+                f"  status page:     {daemon.url}/\n"
                 f"  derived metrics: {daemon.url}/metrics\n"
                 f"  diagnoses:       {daemon.url}/api/v1/diagnoses\n"
             )

@@ -68,6 +68,7 @@ def render(
     out = [
         f"vllm-triage demo: a simulated vLLM at {speed:g}x speed -> the daemon -> "
         "a local webhook receiver",
+        f"  status page      {metrics_url}/",
         f"  derived metrics  {metrics_url}/metrics",
         f"  diagnoses (JSON) {metrics_url}/api/v1/diagnoses",
         f"  simulated time   {_clock(sim_seconds)} of {_clock(total_seconds)}   "
