@@ -30,3 +30,6 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
+    # APScheduler warns through the standard library when a scrape tick is skipped; the
+    # daemon counts and logs those itself (scrape_skipped), so only its errors are shown.
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)

@@ -351,14 +351,19 @@ def _resolve_config_json(section: Mapping[str, Any], folder: Path) -> dict[str, 
 
 
 def load_settings(
-    config: str | Path | None = None, flags: Mapping[str, Any] | None = None
+    config: str | Path | None = None,
+    flags: Mapping[str, Any] | None = None,
+    *,
+    base: Mapping[str, Any] | None = None,
 ) -> Settings:
     """Defaults from ``rules/``, the user's YAML file on top, then ``VLLM_TRIAGE_*``,
     then ``flags`` (top-level keys from the command line).
 
-    A relative ``model.config_json`` is resolved against the config file's folder.
+    ``base`` replaces defaults under everything the user gives (the demo's scenarios
+    bring their own SLOs this way). A relative ``model.config_json`` is resolved against
+    the config file's folder.
     """
-    merged: dict[str, Any] = read_bundled("defaults.yaml")
+    merged: dict[str, Any] = deep_merge(read_bundled("defaults.yaml"), base or {})
     source = "rules/defaults.yaml and VLLM_TRIAGE_* variables"
     if config is not None:
         user = read_file(config)

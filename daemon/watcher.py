@@ -117,6 +117,8 @@ class TargetWatcher:
             evaluation=evaluation,
             states={m: incidents.state(m) for m in evaluation.diagnoses},
             active=tuple(incidents.active()),
+            clear_runs={m: incidents.clear_run(m) for m in evaluation.diagnoses},
+            resolve_after=incidents.resolve_after,
         )
         for t in evaluation.transitions:
             self._log_transition(t)
