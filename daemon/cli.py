@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from daemon import __version__
+from daemon.buildinfo import version_line
 from daemon.commands import (
     ceiling,
     check,
@@ -60,8 +61,6 @@ class _Version(argparse.Action):
         )
 
     def __call__(self, parser: argparse.ArgumentParser, *args: object, **kw: object) -> None:
-        from daemon.buildinfo import version_line
-
         print(version_line(__version__))
         parser.exit()
 

@@ -407,12 +407,21 @@ class TestVersion:
             check=True,
         ).stdout.strip()
         subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
-            + ["-w", str(tmp_path / "dist"), str(clone)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                "-w",
+                str(tmp_path),
+                str(clone),
+            ],
             check=True,
             timeout=300,
             capture_output=True,
         )
-        [wheel] = (tmp_path / "dist").glob("vllm_triage-*.whl")
+        [wheel] = tmp_path.glob("vllm_triage-*.whl")
         with zipfile.ZipFile(wheel) as z:
             assert z.read("daemon/_commit.txt").decode().strip() == head
