@@ -22,7 +22,7 @@ from daemon.errors import ParseError, ScrapeError
 from daemon.httpauth import auth_headers
 from daemon.notifier import Notifier
 from daemon.redact import safe_url
-from daemon.scrape import fetch_async
+from daemon.scrape import fetch_async, not_metrics_hint
 from daemon.settings import Settings, TargetSettings
 from daemon.state import TargetState, View
 
@@ -83,7 +83,7 @@ class TargetWatcher:
             self._failed(exc.reason, str(exc))
             return
         except ParseError as exc:
-            self._failed("parse", f"unreadable /metrics: {exc}")
+            self._failed("parse", not_metrics_hint(st.url, exc))
             return
         except asyncio.CancelledError:
             # Only shutdown cancels a scrape (a timeout arrives as ScrapeError): one that

@@ -268,6 +268,19 @@ class TestRecord:
         assert result.returncode == 1
         assert "scrape_failed" in result.stderr
 
+    def test_record_a_page_without_vllm_metrics_exits_1_with_a_hint(self, tmp_path: Path) -> None:
+        """Pointed at a health check: the bodies are kept (the raw truth) but the command
+        says none is vLLM's metrics, where they are, and exits 1."""
+        with serving([(200, b"ok")]) as (url, _):
+            healthz = url.replace("/metrics", "/healthz")
+            result = vllm_triage(
+                "record", healthz, "--out", "rec", "--interval", "0.2", "--duration", "0.5",
+                cwd=tmp_path, timeout=30,
+            )  # fmt: skip
+        assert result.returncode == 1
+        assert "holds vLLM metrics" in result.stderr
+        assert f"vLLM serves its metrics at /metrics: try {url}" in result.stderr
+
 
 class TestCheckConfig:
     def test_prints_effective_settings(self, tmp_path: Path) -> None:
