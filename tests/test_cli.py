@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -438,3 +439,24 @@ class TestVersion:
         [wheel] = tmp_path.glob("vllm_triage-*.whl")
         with zipfile.ZipFile(wheel) as z:
             assert z.read("daemon/_commit.txt").decode().strip() == head
+
+
+class TestMisspeltVariables:
+    def test_refused_with_a_did_you_mean_exit_2(self, tmp_path: Path) -> None:
+        """`VLLM_TRIAGE_INTERVAL_SECOND=1 vllm-triage check-config` once exited 0 having
+        changed nothing."""
+        env = {**os.environ, "VLLM_TRIAGE_INTERVAL_SECOND": "1"}
+        result = subprocess.run(
+            [str(COMMAND), "check-config"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 2
+        assert (
+            "VLLM_TRIAGE_INTERVAL_SECOND: unknown variable; "
+            "did you mean VLLM_TRIAGE_INTERVAL_SECONDS?"
+        ) in result.stderr
