@@ -173,10 +173,13 @@ def _run_offline(args: argparse.Namespace) -> int:
     names = tuple(args.scenario or DEFAULT_SCENARIOS)
     text = args.format == "text"
     if text:
-        length = f"{args.duration:g} s" if args.duration else "each for its own length"
+        servers = (
+            "1 simulated vLLM server" if len(names) == 1 else f"{len(names)} simulated vLLM servers"
+        )
+        length = f", {args.duration:g} simulated s each" if args.duration else ""
         print(
-            f"vllm-triage demo: {len(names)} simulated vLLM servers, {length}, "
-            "diagnosed from their /metrics as a live run would be.\n"
+            f"vllm-triage demo: {servers}{length}, diagnosed from /metrics as a live run "
+            "would be.\n"
         )
     good = 0
     record_dir = Path(args.record) if args.record else None
