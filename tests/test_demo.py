@@ -12,7 +12,7 @@ import pytest
 from daemon.core.incidents import State
 from daemon.core.parse import SnapshotParser
 from daemon.demo.expectations import Event, Segment, problems, segments
-from daemon.demo.live import LiveDemoResult, shared_slo
+from daemon.demo.live import LiveDemoResult, demo_settings, shared_slo
 from daemon.demo.offline import (
     START_AT,
     default_duration,
@@ -71,6 +71,21 @@ class TestTheTour:
         assert scenario_settings(tour, str(cfg)).slo.itl_p99_seconds == 0.05
         monkeypatch.setenv("VLLM_TRIAGE_SLO__ITL_P99_SECONDS", "0.07")
         assert scenario_settings(tour, str(cfg)).slo.itl_p99_seconds == 0.07
+
+    def test_the_live_daemon_is_told_the_tours_card(self) -> None:
+        """One card now, so the tour's target gets its hardware (the decode ceiling)."""
+        settings = demo_settings(
+            None,
+            scenarios={"tour": get_scenario("tour")},
+            urls={"tour": "http://127.0.0.1:1/metrics"},
+            speed=20,
+            listen="127.0.0.1:0",
+            sink_url="http://127.0.0.1:2/alerts",
+        )
+        [target] = settings.targets
+        assert target.hardware is not None and target.hardware.gpu == "NVIDIA H100 SXM"
+        assert target.model is not None and target.model.dtype == "bfloat16"
+        assert settings.slo.itl_p99_seconds == 0.024
 
     def test_scenarios_built_for_different_slos_cannot_share_a_live_run(self) -> None:
         with pytest.raises(ConfigError, match=r"different SLOs.*one at a time"):
