@@ -189,6 +189,19 @@ class TestProblems:
 
 
 class TestLiveResult:
+    def test_failed_scrapes_are_named_as_the_likely_why(self) -> None:
+        """A machine too slow for the speed: scrapes time out and phases go unseen; the
+        verdict says so rather than only "never fired"."""
+        result = LiveDemoResult(
+            events={"tour": [Event(95, "firing", "prefill_bound")]},
+            segments={"tour": segments(get_scenario("tour"))},
+            scrape_failures={"tour": {"timeout": 12}},
+            speed=25,
+        )
+        ok, why = result.verdicts()["tour"]
+        assert not ok
+        assert "failed (12 timeout): this machine did not keep up at 25x" in why
+
     def test_the_verdict_is_the_self_check(self) -> None:
         segs = segments(get_scenario("tour"))
         good = LiveDemoResult(

@@ -96,6 +96,9 @@ class LiveDemoResult:
     first_payload: dict[str, Any] | None = None
     #: Stopped by Ctrl-C (or SIGTERM) before the scenario was over.
     interrupted: bool = False
+    #: Per target, the daemon's failed scrapes of the simulator, by reason.
+    scrape_failures: dict[str, dict[str, int]] = field(default_factory=dict)
+    speed: float = 0.0
 
     def fired(self, name: str) -> list[str]:
         return [e.cause for e in self.events.get(name, []) if e.event == "firing"]
@@ -112,6 +115,14 @@ class LiveDemoResult:
                 out[name] = (True, "no expectations stated; see what fired")
                 continue
             found = problems(segs, events, still_firing=self.still_firing.get(name, []))
+            failures = self.scrape_failures.get(name, {})
+            if found and failures:
+                # Most likely why: the machine could not simulate at this speed.
+                said = ", ".join(f"{n} {reason}" for reason, n in sorted(failures.items()))
+                found.append(
+                    f"the daemon's scrapes of the simulator failed ({said}): this machine "
+                    f"did not keep up at {self.speed:g}x; try a lower --speed"
+                )
             if found:
                 out[name] = (False, "; ".join(found))
             else:
@@ -138,7 +149,9 @@ def demo_settings(
         {
             "listen": listen,
             "interval_seconds": SCRAPE_EVERY_SIM_S / speed,
-            "scrape_timeout_seconds": 2.0,
+            # Wall seconds: a simulator that falls behind on a busy machine answers late
+            # rather than not at all (the ticks in between are skipped, and counted).
+            "scrape_timeout_seconds": 10.0,
             "shutdown_grace_seconds": 5.0,
             "targets": [
                 {"name": name, "url": urls[name], **_hardware(s)} for name, s in scenarios.items()
@@ -284,13 +297,16 @@ class _Demo:
     def result(self) -> LiveDemoResult:
         """What the receiver got, per target, as the self-check reads it."""
         received = self.sink.received
-        res = LiveDemoResult(delivered=len(received), interrupted=self.interrupted)
+        res = LiveDemoResult(
+            delivered=len(received), interrupted=self.interrupted, speed=self.speed
+        )
         res.first_payload = received[0] if received else None
         seen: set[tuple[str, str, str, float]] = set()
         for w in self.daemon.watchers:
             name = w.state.name
             res.events[name] = []
             res.still_firing[name] = [a.cause for a in w.evaluator.incidents.active()]
+            res.scrape_failures[name] = dict(w.state.failures)
             res.segments[name] = segments(self.scenarios[name], default=expected_of(name))
         for payload in received:
             for alert in payload.get("alerts", []):
