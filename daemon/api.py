@@ -1,5 +1,10 @@
 """``/api/v1/diagnoses``: the current state per target and model, with the evidence, as JSON.
 
+Every time in the document is ISO 8601 in UTC with milliseconds (``2026-01-01T00:04:05.000Z``):
+when it was generated, scraped and evaluated, when incidents and transitions started and
+happened, and the signals' ``at``. (``replay`` and ``check`` keep unix seconds in their
+``at``: a recording's file names are unix milliseconds.)
+
 Pure: built from the watchers' published state, so a test can check it without HTTP.
 """
 
@@ -10,6 +15,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from daemon.core.model import Transition
 from daemon.core.report import diagnosis_dict, iso, transition_dict
 from daemon.probe import ProbeStats
 from daemon.redact import safe_url
@@ -40,6 +46,15 @@ def probe_json(p: ProbeStats) -> dict[str, Any]:
     }
 
 
+def _transition(tr: Transition, target: str) -> dict[str, Any]:
+    """A transition with its times in the document's one style."""
+    return {
+        **transition_dict(tr, target=target),
+        "at": iso(tr.at),
+        "started_at": iso(tr.started_at),
+    }
+
+
 def target_json(t: TargetState) -> dict[str, Any]:
     out: dict[str, Any] = {
         "target": t.name,
@@ -54,7 +69,7 @@ def target_json(t: TargetState) -> dict[str, Any]:
         "probe": probe_json(t.probe) if t.probe is not None else None,
         "models": [],
         # A copy first: the event loop may append while this (HTTP) thread reads.
-        "recent_transitions": [transition_dict(tr, target=t.name) for tr in list(t.recent)],
+        "recent_transitions": [_transition(tr, t.name) for tr in list(t.recent)],
     }
     view = t.view
     if view is None:
@@ -72,7 +87,10 @@ def target_json(t: TargetState) -> dict[str, Any]:
                 "incident_started_at": iso(incident.started_at) if incident else None,
                 "current_cause": d.cause,
                 **diagnosis_dict(d),
-                "signals": dataclasses.asdict(ev.signals[model]),
+                "signals": {
+                    **dataclasses.asdict(ev.signals[model]),
+                    "at": iso(ev.signals[model].at),
+                },
             }
         )
     return _finite(out)  # type: ignore[no-any-return]

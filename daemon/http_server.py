@@ -103,7 +103,14 @@ class Endpoints:
         if path == "/api/v1/diagnoses":
             query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
             only = query.get("target", [None])[0]
-            doc = diagnoses_json(self._targets(), now=self._clock(), only=only)
+            targets = self._targets()
+            if only is not None and all(t.name != only for t in targets):
+                # An unknown target is not "no incidents": say so, with the names there are.
+                known = sorted(t.name for t in targets)
+                error = {"error": f"no target named {only!r}", "targets": known}
+                body = json.dumps(error, indent=2).encode("utf-8") + b"\n"
+                return _reply(start_response, "404 Not Found", body, ctype="application/json")
+            doc = diagnoses_json(targets, now=self._clock(), only=only)
             body = json.dumps(doc, indent=2, allow_nan=False).encode("utf-8") + b"\n"
             return _reply(start_response, "200 OK", body, ctype="application/json")
         if path == "/api/v1/series":

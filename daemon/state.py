@@ -8,6 +8,7 @@ reads it without a lock: swapping one reference is atomic, and a view is never m
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from daemon.core.evaluate import Evaluation
@@ -27,6 +28,10 @@ class View:
     evaluation: Evaluation
     states: dict[str, State]
     active: tuple[Active, ...]
+    #: Per model whose incident is resolving: consecutive clear evaluations so far, of
+    #: ``resolve_after`` needed (the view shows "clearing, 2 of 3").
+    clear_runs: Mapping[str, int] = field(default_factory=dict)
+    resolve_after: int = 0
 
 
 @dataclass(slots=True)

@@ -27,7 +27,7 @@ from daemon.notifier import Notifier
 from daemon.page.spec import load_spec
 from daemon.probe import Prober
 from daemon.redact import safe_url
-from daemon.scrape import fetch_async
+from daemon.scrape import fetch_async, not_metrics_hint
 from daemon.settings import Settings, TargetSettings
 from daemon.state import TargetState, View
 from daemon.store import StateStore
@@ -121,7 +121,7 @@ class TargetWatcher:
             self._failed(exc.reason, str(exc))
             return
         except ParseError as exc:
-            self._failed("parse", f"unreadable /metrics: {exc}")
+            self._failed("parse", not_metrics_hint(st.url, exc))
             return
         except asyncio.CancelledError:
             # Only shutdown cancels a scrape (a timeout arrives as ScrapeError): one that
@@ -172,6 +172,8 @@ class TargetWatcher:
             evaluation=evaluation,
             states={m: incidents.state(m) for m in evaluation.diagnoses},
             active=tuple(incidents.active()),
+            clear_runs={m: incidents.clear_run(m) for m in evaluation.diagnoses},
+            resolve_after=incidents.resolve_after,
         )
         for t in evaluation.transitions:
             self._log_transition(t)

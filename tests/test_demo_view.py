@@ -22,4 +22,4 @@ def test_the_screen_names_the_status_page_and_the_incident() -> None:
     lines = screen.splitlines()
     assert "  status page      http://127.0.0.1:9468/" in lines
     assert "  derived metrics  http://127.0.0.1:9468/metrics" in lines
-    assert "diagnosis: KV_PRESSURE (firing since" in screen
+    assert "diagnosis: KV_PRESSURE (since 00:30), firing, confidence" in screen

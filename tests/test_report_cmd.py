@@ -103,11 +103,11 @@ def test_an_incident_header_says_what_why_and_what_to_change(tmp_path: Path) -> 
 
 
 def test_a_tour_with_a_changed_cause_and_unknown_values(tmp_path: Path) -> None:
-    """The simulator's tour: each cause in turn; a cause change ends one incident where
-    the next begins; the decode panel has no ceiling (the tour swaps cards) and says so
-    with nulls, never zeros."""
+    """The simulator's tour, judged against its own ITL SLO: each cause in turn; a cause
+    change ends one incident where the next begins; without hardware settings the decode
+    panel has no ceiling and says so with nulls, never zeros."""
     rec = simulated_recording(tmp_path / "tour", "tour", 900)
-    doc = report_document(rec, load_settings(), now=NOW)
+    doc = report_document(rec, load_settings(flags={"slo": get_scenario("tour").slo}), now=NOW)
     (section,) = doc["sections"]
     causes = {i["cause"] for i in section["incidents"]}
     assert causes >= {"prefill_bound", "decode_bound", "queue_bound", "kv_pressure"}

@@ -268,7 +268,9 @@ class TestServe:
                 proc.kill()
                 proc.wait(5)
 
-    def test_a_port_in_use_is_one_line_and_exit_1(self, tmp_path: Path) -> None:
+    def test_a_port_in_use_is_one_line_and_exit_2_as_in_run(self, tmp_path: Path) -> None:
+        """A busy port is a settings problem: exit 2 in `simulate` as in `run`
+        (tests/test_run_cmd.py)."""
         with socket.socket() as busy:
             busy.bind(("127.0.0.1", 0))
             busy.listen()
@@ -276,7 +278,7 @@ class TestServe:
             result = vllm_triage(
                 "simulate", "--scenario", "healthy", "--port", str(port), cwd=tmp_path, timeout=30
             )
-        assert result.returncode == 1
+        assert result.returncode == 2
         assert result.stderr.strip() == (
             f"vllm-triage simulate: error: cannot listen on 127.0.0.1:{port}: "
             "Address already in use"

@@ -22,13 +22,13 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
-#: Where setup.sh puts vLLM; override with VLLM_TRIAGE_VLLM_PYTHON.
+#: Where setup.sh puts vLLM; override with TRIAGE_TEST_VLLM_PYTHON.
 DEFAULT_PYTHON = REPO / ".vllm-venv" / "bin" / "python"
 STARTUP_TIMEOUT_S = 420.0
 
 
 def vllm_python() -> Path:
-    return Path(os.environ.get("VLLM_TRIAGE_VLLM_PYTHON", str(DEFAULT_PYTHON)))
+    return Path(os.environ.get("TRIAGE_TEST_VLLM_PYTHON", str(DEFAULT_PYTHON)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +152,7 @@ def running_vllm(
     if not python.exists():
         raise RuntimeError(
             f"no vLLM environment at {python}: run `bash tests/realvllm/setup.sh` first "
-            "(or set VLLM_TRIAGE_VLLM_PYTHON)"
+            "(or set TRIAGE_TEST_VLLM_PYTHON)"
         )
     port = port or free_port()
     log = log_dir / f"vllm-{port}-{time.monotonic_ns()}.log"

@@ -7,7 +7,7 @@ the core with SLOs sized for this machine, and check that the induced cause fire
 
     bash tests/realvllm/setup.sh && .venv/bin/pytest -m vllm tests/realvllm
 
-Set VLLM_TRIAGE_SAVE_RECORDINGS=DIR to keep trimmed copies of the recordings (that is
+Set TRIAGE_TEST_SAVE_RECORDINGS=DIR to keep trimmed copies of the recordings (that is
 how tests/fixtures/recordings/ was made).
 """
 
@@ -110,7 +110,7 @@ def induce(server: Server, mode: str, out: Path) -> Path:
         if recorder.poll() is None:
             recorder.kill()
     wait_idle(server)
-    saved = os.environ.get("VLLM_TRIAGE_SAVE_RECORDINGS")
+    saved = os.environ.get("TRIAGE_TEST_SAVE_RECORDINGS")
     if saved:
         save_trimmed(rec, Path(saved) / mode, server.flags)
     # The load must have been delivered: nearly every request answered. One dropped
@@ -225,7 +225,7 @@ class TestStandardServer:
             if recorder.poll() is None:
                 recorder.kill()
         wait_idle(standard)
-        saved = os.environ.get("VLLM_TRIAGE_SAVE_RECORDINGS")
+        saved = os.environ.get("TRIAGE_TEST_SAVE_RECORDINGS")
         if saved:
             save_trimmed(
                 rec,
@@ -276,7 +276,7 @@ class TestRestart:
                 recorder.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 recorder.kill()
-        saved = os.environ.get("VLLM_TRIAGE_SAVE_RECORDINGS")
+        saved = os.environ.get("TRIAGE_TEST_SAVE_RECORDINGS")
         if saved:
             save_trimmed(
                 rec, Path(saved) / "restart", STANDARD, {"load": "light, killed, restarted"}
