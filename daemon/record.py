@@ -53,7 +53,7 @@ def record(
     directory.mkdir(parents=True, exist_ok=True)
     scrape_timeout = timeout if timeout is not None else max(min(interval, 10.0), 0.1)
     own_client = client is None
-    http = client or httpx.Client(follow_redirects=True)
+    http = client or httpx.Client(follow_redirects=False)
     parser = SnapshotParser()
     stats = RecordStats()
     start = clock()

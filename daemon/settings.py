@@ -31,6 +31,12 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from daemon.core.parse import (
+    DEFAULT_MAX_LABEL_VALUE_LENGTH,
+    DEFAULT_MAX_LINE_LENGTH,
+    DEFAULT_MAX_LINES,
+    DEFAULT_MAX_MODELS,
+)
 from daemon.errors import ConfigError
 from daemon.rules import read_bundled, read_file
 
@@ -230,7 +236,13 @@ class Settings(BaseSettings):
     #: A target exposing more model_name values than this (a misbehaving exporter, a
     #: label used for request ids) keeps its first ones; the rest are counted in
     #: vllm_triage_models_dropped_total and logged, so memory and /metrics stay bounded.
-    max_models_per_target: int = Field(default=100, ge=1)
+    max_models_per_target: int = Field(default=DEFAULT_MAX_MODELS, ge=1)
+    #: What one scrape may cost to read; past any of these the scrape is refused whole and
+    #: counted as vllm_triage_scrape_failures_total{reason="too_costly"} (as Prometheus'
+    #: sample_limit and label_value_length_limit do), so one target cannot stall the rest.
+    max_lines_per_scrape: int = Field(default=DEFAULT_MAX_LINES, ge=100)
+    max_line_length: int = Field(default=DEFAULT_MAX_LINE_LENGTH, ge=256)
+    max_label_value_length: int = Field(default=DEFAULT_MAX_LABEL_VALUE_LENGTH, ge=64)
     shutdown_grace_seconds: float = Field(default=10.0, gt=0)
     #: ``scrape``: each of ``targets``; ``prometheus``: every vLLM server that the
     #: ``prometheus`` section's query API knows (fleet mode).

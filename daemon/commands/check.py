@@ -92,7 +92,7 @@ def check(
     last: Evaluation | None = None
     ok = 0
     gap = window / max(scrapes - 1, 1)
-    with httpx.Client(follow_redirects=True) as client:
+    with httpx.Client(follow_redirects=False) as client:
         for i in range(max(scrapes, 2)):
             if i:
                 sleep(gap)
