@@ -35,6 +35,7 @@ import structlog
 
 from daemon.core.names import SAMPLES
 from daemon.errors import ParseError, ScrapeError, TooCostlyError
+from daemon.exporter import label_value
 from daemon.httpauth import auth_headers
 from daemon.notifier import Notifier
 from daemon.redact import safe_url
@@ -62,7 +63,7 @@ def target_name(labels: Mapping[str, str], identity: Iterable[str]) -> str:
     parts = [labels.get(k, "") for k in identity]
     name = "/".join(p for p in parts if p) or "unlabelled"
     name = _NAME_OK.sub("_", name)
-    return name if name[0].isalnum() else "t" + name
+    return label_value(name if name[0].isalnum() else "t" + name)
 
 
 def _escape(value: str) -> str:

@@ -18,6 +18,7 @@ import structlog
 from daemon.core.parse import SnapshotParser
 from daemon.errors import ParseError, ScrapeError
 from daemon.recording import write_atomically
+from daemon.redact import safe_url
 from daemon.scrape import DEFAULT_MAX_BODY_BYTES, fetch
 
 log = structlog.get_logger("vllm_triage.record")
@@ -70,7 +71,7 @@ def record(
                 body = fetch(http, url, timeout=scrape_timeout, max_body_bytes=max_body_bytes)
             except ScrapeError as exc:
                 stats.failed += 1
-                log.warning("scrape_failed", url=url, err=str(exc))
+                log.warning("scrape_failed", url=safe_url(url), err=str(exc))
             else:
                 at_ms = int(at * 1000)
                 path = write_atomically(directory, at_ms, body)

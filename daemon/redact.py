@@ -10,6 +10,7 @@ with the configured URL's own path segments masked (``masked_location``).
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import parse_qsl, quote, urljoin, urlsplit, urlunsplit
 
 MASK = "***"
@@ -85,6 +86,21 @@ def masked_location(location: str, configured: str) -> str:
         return "<an unparseable URL>"
     path = "/".join(MASK if s in known else s for s in parts.path.split("/"))
     return urlunsplit(parts._replace(path=path, fragment=""))
+
+
+def masked_urls(doc: Any) -> Any:
+    """A settings document (``model_dump(mode="json")``) with every ``url`` and
+    ``external_url`` value shown as ``safe_url`` shows it."""
+    if isinstance(doc, dict):
+        return {
+            k: safe_url(v)
+            if k in ("url", "external_url") and isinstance(v, str)
+            else masked_urls(v)
+            for k, v in doc.items()
+        }
+    if isinstance(doc, list):
+        return [masked_urls(v) for v in doc]
+    return doc
 
 
 def quoted(text: str, limit: int = MAX_QUOTED_CHARS) -> str:

@@ -8,6 +8,7 @@ every error names the key (and the file) that is wrong.
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
@@ -38,6 +39,7 @@ from daemon.core.parse import (
     DEFAULT_MAX_MODELS,
 )
 from daemon.errors import ConfigError
+from daemon.redact import quoted, safe_url
 from daemon.rules import read_bundled, read_file
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -97,14 +99,22 @@ def _host_port(text: str) -> str:
 
 
 def _http_url(text: str) -> str:
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 (raises for a port that is not a number)
+    except ValueError:
+        parts = urlsplit("")
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
+        raise ValueError(f"expected an http:// or https:// URL, got {safe_url(text)!r}")
     return text
 
 
 def _secret_http_url(secret: SecretStr) -> SecretStr:
-    parts = urlsplit(secret.get_secret_value())
+    try:
+        parts = urlsplit(secret.get_secret_value())
+        parts.port  # noqa: B018 (raises for a port that is not a number)
+    except ValueError:
+        parts = urlsplit("")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("expected an http:// or https:// URL (not shown: it may hold a token)")
     return secret
@@ -146,7 +156,8 @@ class TargetSettings(HttpAuth):
     """One vLLM server to watch. ``hardware`` and ``model`` replace the top-level ones."""
 
     name: Name
-    url: HttpUrl
+    #: Not in repr(): it may hold user:password or a token (shown via ``redact.safe_url``).
+    url: HttpUrl = Field(repr=False)
     hardware: HardwareSettings | None = None
     model: ModelSettings | None = None
 
@@ -159,7 +170,7 @@ class PrometheusSourceSettings(HttpAuth):
     each distinct combination of ``identity_labels`` is one server (a target).
     """
 
-    url: HttpUrl
+    url: HttpUrl = Field(repr=False)
     selector: str = Field(default="", pattern=r"^\s*(\{.*\})?\s*$")
     identity_labels: list[str] = Field(default=["job", "instance"], min_length=1)
     timeout_seconds: float = Field(default=10, gt=0)
@@ -337,18 +348,35 @@ def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str
 _SECRET_KEYS = frozenset({"bearer_token", "password", "hmac_secret", "headers"})
 
 
+#: An invalid value is shown this briefly (a list built from YAML aliases can be huge).
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxdict = 2, 4, 4, 4
+_SHOWN.maxstring = _SHOWN.maxother = 80
+#: Errors listed at most; the rest are counted.
+_MAX_ERRORS = 20
+
+
+def _shown(key: tuple[int | str, ...], got: Any) -> str:
+    if isinstance(got, str) and key and key[-1] == "url":
+        return repr(safe_url(got))  # a target's URL may hold user:password or ?token=
+    return _SHOWN.repr(got)
+
+
 def _describe(exc: ValidationError, source: str) -> str:
     lines = [f"invalid settings ({source}):"]
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    errors = exc.errors()
+    if len(errors) > _MAX_ERRORS:
+        lines.append(f"  ({len(errors)} errors; the first {_MAX_ERRORS}:)")
+    for err in errors[:_MAX_ERRORS]:
+        key = quoted(".".join(str(p) for p in err["loc"]), 120) or "(top level)"
         got = err.get("input")
         secret = _SECRET_KEYS.intersection(str(p) for p in err["loc"]) or (
             err["loc"][:1] == ("receivers",) and "url" in err["loc"]
         )
         # An unknown key may be a misspelt secret ("bearer-token"): never echo its value.
         hidden = isinstance(got, dict) or got is None or secret or err["type"] == "extra_forbidden"
-        shown = "" if hidden else f" (got {got!r})"
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        shown = "" if hidden else f" (got {_shown(err['loc'], got)})"
+        msg = "unknown key" if err["type"] == "extra_forbidden" else quoted(err["msg"])
         lines.append(f"  {key}: {msg}{shown}")
     return "\n".join(lines)
 
@@ -400,6 +428,6 @@ def load_settings(
     except SettingsError as exc:
         # A VLLM_TRIAGE_* variable that is not valid JSON for a list or mapping; the
         # message names the field, not the value.
-        raise ConfigError(f"invalid settings ({source}): {exc}") from None
+        raise ConfigError(f"invalid settings ({source}): {quoted(str(exc))}") from None
     finally:
         _flags.reset(token)

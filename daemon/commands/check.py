@@ -81,6 +81,7 @@ def check(
     from daemon.core.parse import SnapshotParser
     from daemon.core.report import diagnosis_dict
     from daemon.errors import ParseError, ScrapeError
+    from daemon.redact import safe_url
     from daemon.scrape import DEFAULT_MAX_BODY_BYTES, fetch
     from daemon.settings import load_settings
 
@@ -101,7 +102,7 @@ def check(
                 body = fetch(client, url, timeout=timeout, max_body_bytes=DEFAULT_MAX_BODY_BYTES)
                 evaluation = evaluator.step(parser.parse_bytes(body, at))
             except (ScrapeError, ParseError) as exc:
-                errors.append(str(exc))
+                errors.append(str(exc)[:500])
                 continue
             ok += 1
             last = evaluation
@@ -123,7 +124,8 @@ def check(
                     "idle": not active and s.ttft_p99 is None and s.itl_p99 is None,
                 }
             )
-    result: dict[str, Any] = {"url": url, "scrapes_ok": ok, "errors": errors, "models": models}
+    shown = safe_url(url)  # without user:password or query values
+    result: dict[str, Any] = {"url": shown, "scrapes_ok": ok, "errors": errors, "models": models}
     result["verdict"] = judge(result)
     return result
 
