@@ -24,6 +24,7 @@ that URL can be configured.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import time
@@ -214,23 +215,13 @@ class Delivery:
             headers[self.settings.hmac_header] = signature(self._secret, n.body)
         url = self._url + n.path
         timeout = self.settings.timeout_seconds
+        deadline = asyncio.get_running_loop().time() + timeout
+        request = self._client.build_request(
+            "POST", url, content=n.body, headers=headers, timeout=timeout
+        )
         try:
-            async with (
-                asyncio.timeout(timeout),
-                self._client.stream(
-                    "POST",
-                    url,
-                    content=n.body,
-                    headers=headers,
-                    timeout=timeout,
-                    follow_redirects=False,
-                ) as resp,
-            ):
-                read = 0
-                async for chunk in resp.aiter_raw():
-                    read += len(chunk)
-                    if read >= RESPONSE_READ_BYTES:
-                        break  # the status is all that counts; closing drops the rest
+            async with asyncio.timeout_at(deadline):
+                resp = await self._client.send(request, stream=True, follow_redirects=False)
         except (TimeoutError, httpx.TimeoutException) as exc:
             raise RetryableError(f"timed out after {timeout:g} s") from exc
         except httpx.HTTPError as exc:
@@ -238,6 +229,18 @@ class Delivery:
             text = str(exc)[:300].replace(url, "<receiver url>")
             text = scrub(text.replace(self._url, "<receiver url>"), [url, self._url])
             raise RetryableError(f"{type(exc).__name__}: {text}") from exc
+        try:
+            # The status decides; what follows is read only to let the connection be
+            # reused, at most RESPONSE_READ_BYTES and within the attempt's time.
+            with contextlib.suppress(TimeoutError, httpx.HTTPError):
+                async with asyncio.timeout_at(deadline):
+                    read = 0
+                    async for chunk in resp.aiter_raw():
+                        read += len(chunk)
+                        if read >= RESPONSE_READ_BYTES:
+                            break
+        finally:
+            await resp.aclose()
         if resp.status_code // 100 == 2:
             return
         if resp.status_code in RETRYABLE_STATUS:

@@ -125,7 +125,7 @@ MAX_CONNECTIONS = 256
 IDLE_TIMEOUT_S = 10.0
 MAX_HEAD_BYTES = 16 * 1024
 #: Threads rendering /metrics and the API, and how many requests may wait for one.
-WORKERS = 4
+WORKERS = 2
 MAX_QUEUED = 64
 LISTEN_BACKLOG = 1024
 #: Routes rendered on a worker thread; everything else is answered at once.

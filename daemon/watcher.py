@@ -66,6 +66,7 @@ class TargetWatcher:
         self._problems_suppressed = 0
         self._headers = auth_headers(target)
         self._failing_since_log: float | None = None
+        self._last_reason = ""
         self._suppressed = 0
 
     async def close(self) -> None:
@@ -209,7 +210,10 @@ class TargetWatcher:
         st.last_error = message
         now = time.monotonic()
         last = self._failing_since_log
-        if last is None or now - last >= FAILURE_LOG_EVERY_S:
+        # Logged at once when the reason changes (a timeout, then a redirect): new news.
+        changed = reason != self._last_reason
+        self._last_reason = reason
+        if last is None or changed or now - last >= FAILURE_LOG_EVERY_S:
             log.warning(
                 "scrape_failed",
                 target=st.name,
@@ -224,4 +228,4 @@ class TargetWatcher:
     def _recovered(self) -> None:
         if self._failing_since_log is not None:
             log.info("scrape_recovered", target=self.state.name, suppressed=self._suppressed)
-        self._failing_since_log, self._suppressed = None, 0
+        self._failing_since_log, self._suppressed, self._last_reason = None, 0, ""
