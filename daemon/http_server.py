@@ -24,7 +24,8 @@ out, so a thousand idle connections hold a probe for ``channel_timeout`` seconds
   ``MAX_HEAD_BYTES`` are refused; request bodies are never read (only GET is served);
 - ``/healthz``, ``/readyz``, the index and every refusal are answered on the selector
   thread itself; ``/metrics`` and the API are rendered by ``WORKERS`` threads, with at
-  most ``MAX_QUEUED`` waiting (then 503), so that no number of scrapes delays a probe.
+  most ``MAX_QUEUED`` waiting (then 503), and while one renders, a rendering of the
+  last ``RENDER_TTL_S`` is served: a flood of scrapes costs one rendering a second.
 """
 
 from __future__ import annotations
@@ -131,6 +132,12 @@ LISTEN_BACKLOG = 1024
 #: Routes rendered on a worker thread; everything else is answered at once.
 _RENDERED = frozenset({"/metrics", "/api/v1/diagnoses"})
 _READING, _WORKING, _WRITING, _CLOSING = 0, 1, 2, 3
+#: While a rendering is under way, a recent one (per path, query and negotiated format)
+#: is served again for this long, so that a flood of scrapes costs one rendering a second.
+RENDER_TTL_S = 1.0
+MAX_RENDERED_KEPT = 32
+#: (status, headers, body) as the WSGI application gave them.
+_Rendered = tuple[str, list[tuple[str, str]], bytes]
 #: A closing connection's unread input is drained this long (so that the answer is not
 #: lost to a reset), then it is closed.
 LINGER_S = 2.0
@@ -234,7 +241,9 @@ class HttpServer:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._conns: dict[socket.socket, _Conn] = {}
-        self._done: deque[tuple[_Conn, bytes]] = deque()
+        self._done: deque[tuple[_Conn, _Rendered]] = deque()
+        #: (path, query, Accept, Accept-Encoding) -> (until when, what was rendered).
+        self._cache: dict[tuple[str, ...], tuple[float, _Rendered]] = {}
         self._working = 0
         self._pool: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
@@ -291,10 +300,10 @@ class HttpServer:
                     elif mask & selectors.EVENT_WRITE:
                         self._write(conn)
             while self._done:
-                conn, out = self._done.popleft()
+                conn, rendered = self._done.popleft()
                 self._working -= 1
                 if conn.sock in self._conns:
-                    self._send(conn, out)
+                    self._send(conn, _response(*rendered, conn.keep_alive))
             now = time.monotonic()
             if now >= next_sweep:
                 next_sweep = now + 0.25
@@ -402,15 +411,23 @@ class HttpServer:
         log.debug("http_request", client=conn.addr, method=req.method[:16], path=req.path[:200])
         environ = req.environ(self.address)
         if req.method == "GET" and req.path in _RENDERED:
+            h = req.headers
+            key = (req.path, req.query, h.get("accept", ""), h.get("accept-encoding", ""))
+            hit = self._cache.get(key)
+            # While a rendering is under way, a recent one serves: a flood costs one
+            # rendering a second; a lone client always gets a fresh one.
+            if self._working and hit is not None and hit[0] > time.monotonic():
+                self._send(conn, _response(*hit[1], conn.keep_alive))
+                return
             if self._working >= MAX_QUEUED or self._pool is None:
                 self._refuse(conn, "503 Service Unavailable")
                 return
             conn.state = _WORKING
             self._sel.unregister(conn.sock)
             self._working += 1
-            self._pool.submit(self._render, conn, environ)
+            self._pool.submit(self._render, conn, environ, key)
             return
-        self._send(conn, self._call(environ, conn.keep_alive))
+        self._send(conn, _response(*self._call(environ), conn.keep_alive))
 
     def _refuse(self, conn: _Conn, status: str) -> None:
         conn.keep_alive = False
@@ -420,7 +437,7 @@ class HttpServer:
             headers.append(("Retry-After", "1"))
         self._send(conn, _response(status, headers, body, False))
 
-    def _call(self, environ: dict[str, Any], keep_alive: bool) -> bytes:
+    def _call(self, environ: dict[str, Any]) -> _Rendered:
         got: list[Any] = []
 
         def start_response(status: str, headers: list[tuple[str, str]], exc: Any = None) -> None:
@@ -431,12 +448,18 @@ class HttpServer:
             body = b"".join(result)
         except Exception:
             log.exception("http_app_failed", path=str(environ.get("PATH_INFO", ""))[:200])
-            return _response("500 Internal Server Error", [], b"internal error\n", False)
-        return _response(got[0], got[1], body, keep_alive)
+            return "500 Internal Server Error", [], b"internal error\n"
+        return got[0], got[1], body
 
-    def _render(self, conn: _Conn, environ: dict[str, Any]) -> None:
-        """On a worker thread: render, then hand the bytes back to the selector thread."""
-        self._done.append((conn, self._call(environ, conn.keep_alive)))
+    def _render(self, conn: _Conn, environ: dict[str, Any], key: tuple[str, ...]) -> None:
+        """On a worker thread: render, keep it for ``RENDER_TTL_S``, then hand it back to
+        the selector thread."""
+        rendered = self._call(environ)
+        if rendered[0].startswith("200"):
+            if len(self._cache) >= MAX_RENDERED_KEPT:
+                self._cache.clear()
+            self._cache[key] = (time.monotonic() + RENDER_TTL_S, rendered)
+        self._done.append((conn, rendered))
         self._wake()
 
     def _send(self, conn: _Conn, out: bytes) -> None:

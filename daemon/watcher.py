@@ -30,11 +30,6 @@ log = structlog.get_logger("vllm_triage.watcher")
 #: A failing target logs its first failure at once, then one summary line per this
 #: many seconds, and one line when it recovers: a dead target must not flood the logs.
 FAILURE_LOG_EVERY_S = 60.0
-#: Bodies larger than this are parsed on a worker thread, so that the event loop (every
-#: other target's scrape, the deliveries) keeps its schedule while a big one is read. A
-#: vLLM with one model sends about 56 KiB, parsed in about a millisecond: inline, it
-#: saves the thread hand-off; the largest body parsed inline costs tens of milliseconds.
-INLINE_PARSE_BYTES = 128 * 1024
 #: A log field carries at most this much of a message chosen by a target.
 LOG_TEXT_CHARS = 300
 
@@ -86,10 +81,7 @@ class TargetWatcher:
                 max_body_bytes=self._max_body,
                 headers=self._headers,
             )
-            if len(body) > INLINE_PARSE_BYTES:
-                snapshot = await asyncio.to_thread(self._parse, body, at)
-            else:
-                snapshot = self._parse(body, at)
+            snapshot = await self._parse(body, at)
         except ScrapeError as exc:
             self._failed(exc.reason, str(exc))
             return
@@ -115,8 +107,18 @@ class TargetWatcher:
         view = self.state.view
         return frozenset(view.evaluation.diagnoses) if view is not None else frozenset()
 
-    def _parse(self, body: bytes, at: float) -> Snapshot:
-        return self.parser.parse_bytes(body, at, keep=self.known_models())
+    async def _parse(self, body: bytes, at: float) -> Snapshot:
+        """Parse on the event loop, a step of ``STEP_LINES`` lines at a time, letting the
+        other targets' scrapes and the deliveries run between steps (a one-model vLLM
+        body, about 600 lines, is one step)."""
+        steps = self.parser.steps_bytes(body, at, keep=self.known_models())
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                snapshot: Snapshot = done.value
+                return snapshot
+            await asyncio.sleep(0)
 
     def consume(self, snapshot: Snapshot) -> None:
         """A snapshot that arrived (scraped here, or read from Prometheus in fleet mode):

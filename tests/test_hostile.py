@@ -19,6 +19,7 @@ import resource
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zlib
@@ -43,7 +44,14 @@ RSS_MB = 300.0
 #: The daemon's address space; an unbounded decompression or read dies against it.
 ADDRESS_SPACE = 3 * 2**30
 SECRET = "S3CRET"
-ROOT = Path(__file__).resolve().parent.parent
+
+
+def figure(test: str, **values: object) -> None:
+    """What a test measured, for ``pytest -s tests/test_hostile.py | grep FIGURE``."""
+    shown = " ".join(
+        f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()
+    )
+    print(f"FIGURE {test}: {shown}")
 
 
 def good_body() -> bytes:
@@ -87,13 +95,12 @@ class Daemon:
     def value(self, name: str, **labels: str) -> float:
         """A sample of the daemon's /metrics (0 when absent)."""
         try:
-            text = self.metrics()
-        except httpx.HTTPError:
-            return 0.0
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                    return float(s.value)
+            for family in text_string_to_metric_families(self.metrics()):
+                for s in family.samples:
+                    if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                        return float(s.value)
+        except (httpx.HTTPError, ValueError):
+            pass  # not answering, or an error page instead of metrics
         return 0.0
 
     def until(self, check: Callable[[], bool], timeout: float) -> bool:
@@ -142,7 +149,7 @@ def run_daemon(
             [sys.executable, "-m", "daemon.cli", "--log-format", "json", "run", "--config", path],
             stdout=log,
             stderr=log,
-            cwd=ROOT,
+            cwd=tmp_path,  # not the checkout: ``-m`` puts the working folder first on the path
         )
         _limit(proc.pid, nofile)
         d = Daemon(proc, f"http://127.0.0.1:{port}", log_path)
@@ -260,6 +267,7 @@ def test_a_40000_digit_value_costs_milliseconds_and_never_freezes_healthz(
         scrapes = d.value("vllm_triage_scrapes_total", target="digits")
         up = d.value("vllm_triage_target_up", target="digits")
         took = d.value("vllm_triage_scrape_duration_seconds", target="digits")
+    figure("digits", healthz_max_s=max(latencies), scrape_s=took, scrapes=scrapes, up=up)
     assert max(latencies) < HEALTHZ_S, f"/healthz took up to {max(latencies):.2f} s"
     assert scrapes >= 5 and up == 1, (scrapes, up)
     assert took < 0.5, f"one scrape took {took:.2f} s"
@@ -308,6 +316,7 @@ def test_gzip_bombs_inflate_only_up_to_the_body_limit(tmp_path: Path) -> None:
             timeout=20,
         )
         peak = d.peak_mb()
+    figure("gzip", peak_rss_mb=peak, healthz_max_s=max(latencies), refused=refused)
     assert len(gzip_bomb(2)) < 10_000
     assert refused, "the bombs were not refused by reason"
     assert peak < 150, f"peak RSS {peak:.0f} MB"
@@ -403,6 +412,7 @@ def test_an_endless_receiver_answer_is_read_64_kib_at_most(receiver_run: Receive
     10 s timeout is per read, and the stream never pauses). Now: the status counts, at
     most 64 KiB of the answer is read, the attempt is bounded by ``timeout_seconds``."""
     r = receiver_run
+    figure("endless", peak_rss_mb=r.peak_mb, sent=r.sent, pushed_mb=r.endless.pushed[0] / 2**20)
     assert r.sent >= 1, "the delivery to the endless receiver never completed"
     assert r.peak_mb < 150, f"peak RSS {r.peak_mb:.0f} MB"
     assert max(r.latencies) < HEALTHZ_S
@@ -417,6 +427,7 @@ def test_a_receiver_redirect_is_a_failed_delivery_that_names_the_fix(
     headers, counted as sent. Now: not followed, not retried, failed, and the log line
     says where it points (without the configured URL's secret path)."""
     r = receiver_run
+    figure("receiver-301", followed=len(r.elsewhere.seen), tries=len(r.moved.seen))
     assert r.elsewhere.seen == [], "the redirect was followed"
     assert r.failed_moved >= 1
     assert len(r.moved.seen) == 1, "a redirect was retried"
@@ -464,6 +475,7 @@ def test_a_target_redirecting_elsewhere_gets_no_credentials_and_no_diagnosis(
         up = d.value("vllm_triage_target_up", target="moved")
         slash_up = d.value("vllm_triage_target_up", target="slash")
         logs = d.logs()
+    figure("target-302", other_origin_asked=len(other.seen), up=up, same_origin_up=slash_up)
     assert other.seen == [], "the other origin was asked, with the target's credentials"
     assert counted and up == 0
     assert slash_up == 1 and any(s.path == "/metrics/" for s in same.seen)
@@ -500,7 +512,7 @@ def cli(*args: str, timeout: float = 30) -> tuple[int, str, float, float]:
     done = subprocess.run(
         [sys.executable, "-c", wrapper, str(timeout), sys.executable, "-m", "daemon.cli", *args],
         capture_output=True,
-        cwd=ROOT,
+        cwd=tempfile.gettempdir(),
         timeout=timeout + 30,
         check=False,
     )
@@ -537,6 +549,7 @@ def test_secrets_in_urls_and_config_text_are_never_shown(tmp_path: Path) -> None
     rc, out, _, _ = cli("check-config", "--config", str(bad))
     assert rc == 2 and "targets.0.url" in out
     seen.append(out)
+    figure("secrets", outputs_with_a_secret=sum(SECRET in text for text in seen), of=len(seen))
     leaks = [text for text in seen if SECRET in text]
     assert not leaks, leaks[0][leaks[0].index(SECRET) - 200 :][:400]
 
@@ -587,6 +600,15 @@ def test_a_costly_target_never_takes_the_healthy_one_down(tmp_path: Path) -> Non
         dropped = d.value("vllm_triage_models_dropped_total", target="wide")
         wide_took = d.value("vllm_triage_scrape_duration_seconds", target="wide")
         peak = d.peak_mb()
+    figure(
+        "costly",
+        healthy_failures=healthy_failures,
+        healthy_scrapes=healthy_scrapes,
+        too_costly=too_costly,
+        wide_scrape_s=wide_took,
+        healthz_max_s=max(latencies),
+        peak_rss_mb=peak,
+    )
     assert len(lines) > 9_000_000
     assert healthy_failures == 0 and healthy_scrapes >= 6, (healthy_failures, healthy_scrapes)
     assert too_costly >= 2
@@ -622,7 +644,7 @@ def _raise_own_nofile(n: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(n, hard), hard))
 
 
-def test_healthz_answers_with_a_thousand_idle_connections_at_1024_descriptors(
+def test_healthz_answers_beside_a_thousand_idle_connections_at_1024_descriptors(
     tmp_path: Path,
 ) -> None:
     """Before: a thread per connection, no idle timeout, a backlog of 5; with 1,022 idle
@@ -634,7 +656,7 @@ def test_healthz_answers_with_a_thousand_idle_connections_at_1024_descriptors(
     with run_daemon(tmp_path, config, nofile=1024) as d:
         port = int(d.url.rsplit(":", 1)[1])
         try:
-            for i in range(1000):
+            for i in range(1100):  # more than its descriptors allow
                 try:
                     s = socket.create_connection(("127.0.0.1", port), timeout=0.5)
                     if i % 2:
@@ -653,6 +675,7 @@ def test_healthz_answers_with_a_thousand_idle_connections_at_1024_descriptors(
         finally:
             for s in held:
                 s.close()
+    figure("listener", healthz_idle_max_s=max(idle), healthz_busy_max_s=max(busy), held=len(held))
     assert alive
     assert max(idle) < HEALTHZ_S, f"/healthz took up to {max(idle):.2f} s beside 1,000 idle"
     assert max(busy) < HEALTHZ_S, f"/healthz took up to {max(busy):.2f} s under load"
@@ -662,10 +685,12 @@ def test_healthz_answers_with_a_thousand_idle_connections_at_1024_descriptors(
 
 
 def alias_bomb(levels: int) -> str:
-    lines = ['l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    """A "billion laughs" as the value of a real setting (so that it is validated, and a
+    validation error would show it): 9 ** ``levels`` strings once expanded."""
+    nodes = ['&l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     for i in range(1, levels + 1):
-        lines.append(f"l{i}: &l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]")
-    return "\n".join(lines) + "\n"
+        nodes.append(f"&l{i} [" + ",".join([f"*l{i - 1}"] * 9) + "]")
+    return "slo:\n  ttft_p99_seconds: [" + ", ".join(nodes) + "]\n"
 
 
 def _fifo(tmp: Path) -> Path:
@@ -674,10 +699,12 @@ def _fifo(tmp: Path) -> Path:
     return path
 
 
-def _sparse(tmp: Path) -> Path:
+def _huge(tmp: Path) -> Path:
     path = tmp / "huge.yaml"
     with path.open("wb") as f:
-        f.truncate(150 * 2**20)
+        for _ in range(150):
+            f.write((b"#" * 1023 + b"\n") * 1024)  # 150 MB of comments
+        f.write(b"window_seconds: 60\n")
     return path
 
 
@@ -695,11 +722,13 @@ def _text(text: str) -> Callable[[Path], Path]:
     [
         pytest.param(_text(alias_bomb(9)), "aliases are expanded", id="alias-bomb"),
         pytest.param(_text(alias_bomb(7)), "aliases are expanded", id="alias-bomb-7-levels"),
-        pytest.param(_text("a: &a [1, *a]\n"), "refers to the node", id="recursive-alias"),
+        pytest.param(
+            _text("slo:\n  ttft_p99_seconds: &a [1, *a]\n"), "refers to the node", id="recursive"
+        ),
         pytest.param(_text("a: " + "[" * 200_000 + "\n"), "not valid YAML", id="deep-nesting"),
         pytest.param(lambda _: Path("/dev/zero"), "not a regular file", id="dev-zero"),
         pytest.param(_fifo, "not a regular file", id="fifo"),
-        pytest.param(_sparse, "more than", id="150-MB"),
+        pytest.param(_huge, "more than", id="150-MB"),
     ],
 )
 def test_a_hostile_config_file_is_refused_quickly_in_a_few_words(
@@ -709,6 +738,7 @@ def test_a_hostile_config_file_is_refused_quickly_in_a_few_words(
     34 MB error message; /dev/zero a MemoryError traceback; a FIFO blocked for ever; a
     150 MB file took 57 s. Now: each is one short error, exit 2, in about a second."""
     rc, out, seconds, peak = cli("check-config", "--config", str(make(tmp_path)), timeout=20)
+    figure("config", rc=rc, seconds=seconds, peak_rss_mb=peak, message_chars=len(out))
     assert rc == 2 and says in out, (rc, out[:300])
     assert "Traceback" not in out and len(out) < 1000, out[:300]
     assert seconds < 10, f"took {seconds:.1f} s"
@@ -760,8 +790,9 @@ def test_label_values_and_warnings_are_bounded(tmp_path: Path) -> None:
         for s in f.samples
         if s.labels.get("target") == "long" and "model_name" in s.labels
     }
+    warned = [e for e in logs if e.get("event") == "series_unusable" and e["target"] == "nan"]
+    figure("labels", metrics_bytes=len(text), warnings=len(warned), too_costly=too_costly)
     assert len(text) < 100_000, f"/metrics is {len(text)} bytes"
     assert too_costly >= 1
     assert len(models) == 2 and all(len(m) <= 128 for m in models), models
-    warned = [e for e in logs if e.get("event") == "series_unusable" and e["target"] == "nan"]
     assert len(warned) == 1, f"{len(warned)} series_unusable lines"
