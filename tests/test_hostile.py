@@ -5,7 +5,8 @@ resident memory (``VmHWM``) and its answer to ``/healthz`` are measured as a liv
 probe would see them. Every daemon here runs under an address-space limit, so that an
 unbounded one fails its test instead of taking the machine's memory.
 
-Durable alert state across a crash (finding 4) is tested in its own module.
+Durable alert state across a crash (finding 4) is tested in its own module. The tests
+that take more than about ten seconds are marked ``slow`` (``pytest -m slow``).
 """
 
 from __future__ import annotations
@@ -287,6 +288,7 @@ def gzip_bomb(layers: int) -> bytes:
     return data
 
 
+@pytest.mark.slow
 def test_gzip_bombs_inflate_only_up_to_the_body_limit(tmp_path: Path) -> None:
     """Before: ``Content-Encoding: gzip, gzip`` on 3.5 KB peaked at 4,151 MB; one layer of
     1 GiB at 178 MB against a 16 MiB limit. Now: stacked encodings are refused, and one
@@ -563,6 +565,7 @@ def models_body(n: int) -> bytes:
     ).encode()
 
 
+@pytest.mark.slow
 def test_a_costly_target_never_takes_the_healthy_one_down(tmp_path: Path) -> None:
     """Before: 200,000 model_name values in a 12 MB body cost 6 s of parsing on the event
     loop every tick, and the *healthy* target's scrapes timed out. Now: past
@@ -577,7 +580,7 @@ def test_a_costly_target_never_takes_the_healthy_one_down(tmp_path: Path) -> Non
         run_daemon(
             tmp_path,
             {
-                "interval_seconds": 1.0,
+                "interval_seconds": 2.0,
                 "targets": [
                     target("healthy", healthy.url + "/metrics"),
                     target("costly", costly.url + "/metrics"),
@@ -586,7 +589,7 @@ def test_a_costly_target_never_takes_the_healthy_one_down(tmp_path: Path) -> Non
             },
         ) as d,
     ):
-        latencies = d.watch(8.0)
+        latencies = d.watch(10.0)
         text = d.metrics()
         healthy_failures = sum(
             float(s.value)
@@ -610,10 +613,10 @@ def test_a_costly_target_never_takes_the_healthy_one_down(tmp_path: Path) -> Non
         peak_rss_mb=peak,
     )
     assert len(lines) > 9_000_000
-    assert healthy_failures == 0 and healthy_scrapes >= 6, (healthy_failures, healthy_scrapes)
+    assert healthy_failures == 0 and healthy_scrapes >= 4, (healthy_failures, healthy_scrapes)
     assert too_costly >= 2
     assert wide_up == 1 and dropped >= 29_900, (wide_up, dropped)
-    assert wide_took < 2.0, f"the wide target's scrape took {wide_took:.2f} s"
+    assert wide_took < 2.0, f"the wide target's scrape took {wide_took:.2f} s"  # its interval
     assert max(latencies) < HEALTHZ_S, f"/healthz took up to {max(latencies):.2f} s"
     assert peak < RSS_MB, f"peak RSS {peak:.0f} MB"
 
