@@ -249,6 +249,7 @@ class HttpServer:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._accept_paused_until = 0.0
+        self._next_sweep = 0.0
         self.evicted = 0
 
     @property
@@ -279,37 +280,52 @@ class HttpServer:
     # -- the selector thread ------------------------------------------------------------
 
     def _serve(self) -> None:
-        next_sweep = 0.0
         while not self._stopping:
-            now = time.monotonic()
-            if self._accept_paused_until and now >= self._accept_paused_until:
-                self._accept_paused_until = 0.0
-                self._sel.register(self._listener, selectors.EVENT_READ, None)
-            for key, mask in self._sel.select(timeout=0.25):
-                if key.data is None:
-                    self._accept()
-                elif key.data == "wake":
-                    with contextlib.suppress(OSError):
-                        self._wake_r.recv(4096)
-                else:
-                    conn: _Conn = key.data
-                    if conn.state == _CLOSING:
-                        self._drain(conn)
-                    elif mask & selectors.EVENT_READ:
-                        self._read(conn)
-                    elif mask & selectors.EVENT_WRITE:
-                        self._write(conn)
-            while self._done:
-                conn, rendered = self._done.popleft()
-                self._working -= 1
-                if conn.sock in self._conns:
-                    self._send(conn, _response(*rendered, conn.keep_alive))
-            now = time.monotonic()
-            if now >= next_sweep:
-                next_sweep = now + 0.25
-                for conn in [c for c in self._conns.values() if c.state != _WORKING]:
-                    if now > conn.deadline:
-                        self._close(conn)
+            try:
+                self._turn()
+            except Exception:
+                # A bug of ours must not end the listener (and with it /healthz).
+                log.exception("http_listener_failed")
+                time.sleep(0.05)
+
+    def _turn(self) -> None:
+        """One turn of the selector loop: events, finished renderings, expired deadlines."""
+        now = time.monotonic()
+        if self._accept_paused_until and now >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self._sel.register(self._listener, selectors.EVENT_READ, None)
+        for key, mask in self._sel.select(timeout=0.25):
+            if key.data is None:
+                self._accept()
+            elif key.data == "wake":
+                with contextlib.suppress(OSError):
+                    self._wake_r.recv(4096)
+            else:
+                self._event(key.data, mask)
+        while self._done:
+            conn, rendered = self._done.popleft()
+            self._working -= 1
+            if conn.sock in self._conns:
+                self._send(conn, _response(*rendered, conn.keep_alive))
+        now = time.monotonic()
+        if now >= self._next_sweep:
+            self._next_sweep = now + 0.25
+            for conn in [c for c in self._conns.values() if c.state != _WORKING]:
+                if now > conn.deadline:
+                    self._close(conn)
+
+    def _event(self, conn: _Conn, mask: int) -> None:
+        try:
+            if conn.state == _CLOSING:
+                self._drain(conn)
+            elif mask & selectors.EVENT_READ:
+                self._read(conn)
+            elif mask & selectors.EVENT_WRITE:
+                self._write(conn)
+        except Exception:
+            # A bug of ours must cost one connection, never the listener (and /healthz).
+            log.exception("http_connection_failed", client=conn.addr)
+            self._close(conn)
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):
