@@ -14,6 +14,7 @@ from daemon.ceiling.resolve import build_ceiling, build_roofline, model_size
 from daemon.ceiling.sizing import ModelSize
 from daemon.core.evaluate import Evaluator
 from daemon.core.model import CAUSES, Cause
+from daemon.core.parse import ParseLimits
 from daemon.core.rulebook import Ceiling, Roofline, Rulebook, Slo, Thresholds
 from daemon.errors import ConfigError
 from daemon.rules import read_bundled
@@ -156,4 +157,14 @@ def build_evaluator(settings: Settings, rulebook: Rulebook | None = None) -> Eva
         window_seconds=settings.window_seconds,
         open_after=settings.incident.open_after,
         resolve_after=settings.incident.resolve_after,
+    )
+
+
+def parse_limits(settings: Settings) -> ParseLimits:
+    """What one scrape of a target may cost to read."""
+    return ParseLimits(
+        max_lines=settings.max_lines_per_scrape,
+        max_line_length=settings.max_line_length,
+        max_label_value_length=settings.max_label_value_length,
+        max_models=settings.max_models_per_target,
     )

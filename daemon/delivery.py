@@ -16,11 +16,20 @@ With a state store (``daemon/store.py``) every queued notification is also writt
 and removed once delivered, given up or dropped: after a kill, the next start delivers
 what was pending (``restore``), and at shutdown what the grace period left is kept for
 the next start rather than lost.
+
+What a receiver may cost: one attempt (connect, send, status, and at most
+``RESPONSE_READ_BYTES`` of the answer, never decoded: only the status counts) is bounded
+by ``timeout_seconds`` as a whole, so an endless or trickling answer cannot hold the
+queue or grow the daemon. A 3xx is a failed delivery, not followed and not retried: a
+POST redirected becomes a bodiless GET in most clients, and the signature and
+credentials belong to the configured URL only; the log line says where it points, so
+that URL can be configured.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import time
@@ -40,12 +49,15 @@ from tenacity import (
 
 from daemon.httpauth import auth_headers
 from daemon.receivers import Notification, Receiver
+from daemon.redact import masked_location, scrub
 from daemon.store import StateStore
 
 log = structlog.get_logger("vllm_triage.delivery")
 
 #: Statuses worth retrying: the receiver may be restarting or shedding load.
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+#: Of a receiver's answer, at most this much is read (and dropped) before closing.
+RESPONSE_READ_BYTES = 64 * 1024
 
 
 class RetryableError(Exception):
@@ -93,7 +105,11 @@ class Delivery:
         self.stats = ReceiverStats()
         self._client = client
         self._url = receiver.url
-        self._headers = {"Content-Type": "application/json", **auth_headers(settings)}
+        self._headers = {
+            "Content-Type": "application/json",
+            "Accept-Encoding": "identity",
+            **auth_headers(settings),
+        }
         self._secret = (
             settings.hmac_secret.get_secret_value().encode() if settings.hmac_secret else None
         )
@@ -242,21 +258,44 @@ class Delivery:
         headers: dict[str, Any] = dict(self._headers)
         if self._secret is not None:
             headers[self.settings.hmac_header] = signature(self._secret, n.body)
+        url = self._url + n.path
+        timeout = self.settings.timeout_seconds
+        deadline = asyncio.get_running_loop().time() + timeout
+        request = self._client.build_request(
+            "POST", url, content=n.body, headers=headers, timeout=timeout
+        )
         try:
-            resp = await self._client.post(
-                self._url + n.path,
-                content=n.body,
-                headers=headers,
-                timeout=self.settings.timeout_seconds,
-            )
-        except httpx.TimeoutException as exc:
-            raise RetryableError(f"timed out after {self.settings.timeout_seconds:g} s") from exc
+            async with asyncio.timeout_at(deadline):
+                resp = await self._client.send(request, stream=True, follow_redirects=False)
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise RetryableError(f"timed out after {timeout:g} s") from exc
         except httpx.HTTPError as exc:
             # The URL may hold a token (Slack's does): never let it into a message.
-            text = str(exc).replace(self._url, "<receiver url>")
+            text = str(exc)[:300].replace(url, "<receiver url>")
+            text = scrub(text.replace(self._url, "<receiver url>"), [url, self._url])
             raise RetryableError(f"{type(exc).__name__}: {text}") from exc
+        try:
+            # The status decides; what follows is read only to let the connection be
+            # reused, at most RESPONSE_READ_BYTES and within the attempt's time.
+            with contextlib.suppress(TimeoutError, httpx.HTTPError):
+                async with asyncio.timeout_at(deadline):
+                    read = 0
+                    async for chunk in resp.aiter_raw():
+                        read += len(chunk)
+                        if read >= RESPONSE_READ_BYTES:
+                            break
+        finally:
+            await resp.aclose()
         if resp.status_code // 100 == 2:
             return
         if resp.status_code in RETRYABLE_STATUS:
             raise RetryableError(f"HTTP {resp.status_code}", _retry_after(resp))
+        if resp.status_code // 100 == 3:
+            where = masked_location(resp.headers.get("Location", ""), url)
+            raise PermanentError(
+                f"HTTP {resp.status_code}: the receiver redirects to {where}; not followed "
+                "(a redirected POST loses its body, and the signature and credentials go to "
+                "the configured URL only), not retried: set this receiver's url to where "
+                "it points (segments shown as *** are the configured URL's own)"
+            )
         raise PermanentError(f"HTTP {resp.status_code}: the receiver refused it; not retried")

@@ -2,6 +2,7 @@
 
     TriageError                 base of everything vllm-triage raises on purpose
     ├── ParseError              the target sent something that is not readable vLLM /metrics
+    │   └── TooCostlyError      ... or something that would cost too much to read
     ├── ConfigError             a settings or rules file is wrong (names the file and key)
     ├── RecordingError          a recording directory cannot be replayed
     └── ScrapeError             a target could not be fetched (dead, slow, non-2xx)
@@ -27,6 +28,11 @@ class ParseError(TriageError):
         super().__init__(f"line {line}: {message}" if line is not None else message)
 
 
+class TooCostlyError(ParseError):
+    """The body would cost more to read than one scrape may (too many lines, a line or
+    a label value too long): refused whole, counted under its own reason."""
+
+
 class ConfigError(TriageError):
     """A settings or rules file is wrong; the message names the file and the key."""
 
@@ -39,7 +45,8 @@ class ScrapeError(TriageError):
     """A target could not be fetched: refused, timed out, or answered non-2xx.
 
     ``reason`` is a short, fixed word for metrics labels: ``timeout``, ``connect``,
-    ``http_status``, ``too_large`` or ``http_error``.
+    ``http_status``, ``too_large``, ``encoding`` (a compression refused), ``redirect`` (to
+    another origin, or too many) or ``http_error``.
     """
 
     def __init__(self, message: str, *, reason: str = "http_error") -> None:

@@ -12,6 +12,7 @@ shown while the target is up; the diagnosis state set stays, because the inciden
 
 from __future__ import annotations
 
+import hashlib
 import platform
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -35,6 +36,21 @@ ROOFLINE_PARTS = (
     ("draft", "decode_step_draft_bytes"),
 )
 RESOURCES = ("memory", "compute")
+
+
+#: An exported label value is at most this long: a target can name its model anything
+#: (the parser allows ``max_label_value_length``), and every model is in dozens of series.
+MAX_LABEL_VALUE_CHARS = 128
+_HASH_CHARS = 10
+
+
+def label_value(value: str) -> str:
+    """``value``, or, if longer than ``MAX_LABEL_VALUE_CHARS``, its beginning and a short
+    hash of the whole (``...~1a2b3c4d5e``), so that distinct values stay distinct."""
+    if len(value) <= MAX_LABEL_VALUE_CHARS:
+        return value
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+    return value[: MAX_LABEL_VALUE_CHARS - _HASH_CHARS - 1] + "~" + digest
 
 
 def _q(q: Quantile | None) -> float | None:
@@ -263,11 +279,11 @@ class TriageCollector(Collector):
                 for qfam, qget in quantiles:
                     value = _q(qget(s))
                     if value is not None:
-                        qfam.add_metric((t.name, model), value)
+                        qfam.add_metric((t.name, label_value(model)), value)
                 for fam, (_, _, get) in zip(families, _SIGNALS, strict=True):
                     value = get(s, d)
                     if value is not None:
-                        fam.add_metric((t.name, model), value)
+                        fam.add_metric((t.name, label_value(model)), value)
         yield from (fam for fam, _ in quantiles)
         yield from families
 
@@ -322,12 +338,13 @@ class TriageCollector(Collector):
                 active = {a.model_name: a.cause for a in t.view.active}
                 for model, d in sorted(t.view.evaluation.diagnoses.items()):
                     current = active.get(model, "healthy")
+                    shown = label_value(model)
                     for name in DIAGNOSES:
-                        state.add_metric((t.name, model, name), 1.0 if name == current else 0.0)
+                        state.add_metric((t.name, shown, name), 1.0 if name == current else 0.0)
                     for name in BREACHES:
-                        breach.add_metric((t.name, model, name), 1.0 if name in d.breaches else 0.0)
+                        breach.add_metric((t.name, shown, name), 1.0 if name in d.breaches else 0.0)
             for (model, cause), n in sorted(t.incidents_opened.items()):
-                opened.add_metric((t.name, model, cause), n)
+                opened.add_metric((t.name, label_value(model), cause), n)
         yield from (state, breach, opened)
 
     def _probes(self, targets: list[TargetState]) -> Iterator[Metric]:

@@ -12,10 +12,18 @@ tracker as a scrape would: same exports, same webhooks.
 
 The query API itself is a target too (named ``prometheus``), so ``vllm_triage_target_up``
 and ``vllm_triage_scrape_failures_total`` say when it cannot be read.
+
+Its answer is read as a target's body is (``daemon.scrape.BodyLimit``): at most
+``max_body_bytes`` once decoded, with one layer of gzip accepted and inflated inside that
+limit (a range query's JSON shrinks about tenfold, and the query API is often across a
+network), redirects not followed (its credentials stay with its URL), the whole request
+bounded by ``timeout_seconds``; the JSON is decoded on a worker thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 import time
 from collections import defaultdict
@@ -26,10 +34,12 @@ import httpx
 import structlog
 
 from daemon.core.names import SAMPLES
-from daemon.errors import ParseError, ScrapeError
+from daemon.errors import ParseError, ScrapeError, TooCostlyError
+from daemon.exporter import label_value
 from daemon.httpauth import auth_headers
 from daemon.notifier import Notifier
-from daemon.scrape import scrape_error
+from daemon.redact import safe_url
+from daemon.scrape import BodyLimit, scrape_error
 from daemon.settings import PrometheusSourceSettings, Settings, TargetSettings
 from daemon.state import TargetState
 from daemon.store import StateStore
@@ -54,7 +64,7 @@ def target_name(labels: Mapping[str, str], identity: Iterable[str]) -> str:
     parts = [labels.get(k, "") for k in identity]
     name = "/".join(p for p in parts if p) or "unlabelled"
     name = _NAME_OK.sub("_", name)
-    return name if name[0].isalnum() else "t" + name
+    return label_value(name if name[0].isalnum() else "t" + name)
 
 
 def _escape(value: str) -> str:
@@ -107,7 +117,11 @@ class PrometheusSource:
         self._notifier = notifier
         self._clock = clock
         self._store = store
-        self._headers = auth_headers(self.source)
+        self._headers = {
+            "Accept": "application/json",
+            "Accept-Encoding": "gzip",
+            **auth_headers(self.source),
+        }
         self._query = series_query(self.source.selector)
         self._last: float | None = None
         # The query API's own health, reported like a target's.
@@ -144,23 +158,44 @@ class PrometheusSource:
         params["step"] = f"{step:g}"
         timeout = self.source.timeout_seconds
         try:
-            resp = await self._client.get(
-                url, params=params, headers=self._headers, timeout=timeout
-            )
+            async with (
+                asyncio.timeout(timeout),
+                self._client.stream(
+                    "GET",
+                    url,
+                    params=params,
+                    headers=self._headers,
+                    timeout=timeout,
+                    follow_redirects=False,
+                ) as resp,
+            ):
+                if resp.status_code // 100 != 2:
+                    raise ScrapeError(
+                        f"HTTP {resp.status_code} from {safe_url(url)}", reason="http_status"
+                    )
+                limit = BodyLimit(
+                    self.settings.max_body_bytes, url, resp.headers.get("Content-Encoding", "")
+                )
+                async for chunk in resp.aiter_raw():
+                    limit.add(chunk)
+                body = limit.body()
+        except TimeoutError as exc:
+            raise ScrapeError(
+                f"timed out after {timeout:g} s: {safe_url(url)}", reason="timeout"
+            ) from exc
         except httpx.HTTPError as exc:
             raise scrape_error(exc, url, timeout) from exc
-        if resp.status_code // 100 != 2:
-            raise ScrapeError(
-                f"HTTP {resp.status_code} from {url}: {resp.text[:200]}", reason="http_status"
-            )
         try:
-            doc = resp.json()
-            if doc.get("status") != "success":
-                raise ValueError(doc.get("error", "status is not success"))
+            doc = await asyncio.to_thread(json.loads, body)
+            if not isinstance(doc, dict) or doc.get("status") != "success":
+                raise ValueError("status is not success")
             result: list[dict[str, Any]] = doc["data"]["result"]
-        except (ValueError, KeyError, TypeError) as exc:
+            if not isinstance(result, list):
+                raise TypeError("data.result is not a list")
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ScrapeError(
-                f"not a query_range answer from {url}: {exc}", reason="parse"
+                f"not a query_range answer from {safe_url(url)}: {str(exc)[:200]}",
+                reason="parse",
             ) from exc
         return result
 
@@ -184,9 +219,13 @@ class PrometheusSource:
         finally:
             api.attempted(now, time.monotonic() - started)
             self.in_flight = False
+        try:
+            grouped = group_steps(result, self.source.identity_labels)
+        except (KeyError, TypeError, ValueError) as exc:
+            self.api.failed("parse", f"not a query_range matrix: {type(exc).__name__}")
+            return
         api.up, api.last_success_at = True, now
         self._last = end
-        grouped = group_steps(result, self.source.identity_labels)
         for name, watcher in self.watchers.items():
             if name not in grouped:
                 watcher.failed("absent", "no series for this server in the query API")
@@ -195,7 +234,12 @@ class PrometheusSource:
             for at in sorted(steps):
                 watcher.state.attempted(at)
                 try:
-                    snapshot = watcher.parser.parse(exposition(steps[at]), at)
+                    snapshot = watcher.parser.parse(
+                        exposition(steps[at]), at, keep=watcher.known_models()
+                    )
+                except TooCostlyError as exc:
+                    watcher.failed("too_costly", f"refused: reading it would cost too much: {exc}")
+                    continue
                 except ParseError as exc:
                     watcher.failed("parse", f"unusable series from the query API: {exc}")
                     continue

@@ -18,6 +18,7 @@ import structlog
 from daemon.core.parse import SnapshotParser
 from daemon.errors import ParseError, ScrapeError
 from daemon.recording import write_atomically
+from daemon.redact import safe_url
 from daemon.scrape import DEFAULT_MAX_BODY_BYTES, fetch, not_metrics_hint
 
 log = structlog.get_logger("vllm_triage.record")
@@ -55,7 +56,7 @@ def record(
     directory.mkdir(parents=True, exist_ok=True)
     scrape_timeout = timeout if timeout is not None else max(min(interval, 10.0), 0.1)
     own_client = client is None
-    http = client or httpx.Client(follow_redirects=True)
+    http = client or httpx.Client(follow_redirects=False)
     parser = SnapshotParser()
     stats = RecordStats()
     start = clock()
@@ -73,7 +74,7 @@ def record(
             except ScrapeError as exc:
                 stats.failed += 1
                 stats.last_error = str(exc)
-                log.warning("scrape_failed", url=url, err=str(exc))
+                log.warning("scrape_failed", url=safe_url(url), err=str(exc))
             else:
                 at_ms = int(at * 1000)
                 path = write_atomically(directory, at_ms, body)

@@ -110,7 +110,7 @@ class Daemon:
         # request scans every idle connection, which made 500 targets cost a core
         # (bench/bench_daemon.py). The TLS context is built once and shared.
         self._tls = ssl.create_default_context()
-        self._client = httpx.AsyncClient(follow_redirects=True, verify=self._tls)
+        self._client = httpx.AsyncClient(follow_redirects=False, verify=self._tls)
         endpoints = Endpoints(
             build_registry(self.target_states, lambda: self.notifier.deliveries),
             self.target_states,
@@ -153,7 +153,7 @@ class Daemon:
 
     def _target_client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(
-            follow_redirects=True,
+            follow_redirects=False,
             verify=self._tls,
             limits=httpx.Limits(max_connections=2, max_keepalive_connections=1),
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import reprlib
 import types
 from collections.abc import Mapping
 from contextvars import ContextVar
@@ -38,7 +39,14 @@ from pydantic_settings import (
 
 from daemon.ceiling.gpus import find_gpu
 from daemon.ceiling.sizing import bytes_per_param
+from daemon.core.parse import (
+    DEFAULT_MAX_LABEL_VALUE_LENGTH,
+    DEFAULT_MAX_LINE_LENGTH,
+    DEFAULT_MAX_LINES,
+    DEFAULT_MAX_MODELS,
+)
 from daemon.errors import ConfigError
+from daemon.redact import quoted, safe_url
 from daemon.rules import read_bundled, read_file
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -142,14 +150,22 @@ def _host_port(text: str) -> str:
 
 
 def _http_url(text: str) -> str:
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 (raises for a port that is not a number)
+    except ValueError:
+        parts = urlsplit("")
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"expected an http:// or https:// URL, got {text!r}")
+        raise ValueError(f"expected an http:// or https:// URL, got {safe_url(text)!r}")
     return text
 
 
 def _secret_http_url(secret: SecretStr) -> SecretStr:
-    parts = urlsplit(secret.get_secret_value())
+    try:
+        parts = urlsplit(secret.get_secret_value())
+        parts.port  # noqa: B018 (raises for a port that is not a number)
+    except ValueError:
+        parts = urlsplit("")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("expected an http:// or https:// URL (not shown: it may hold a token)")
     return secret
@@ -225,7 +241,8 @@ class TargetSettings(HttpAuth):
     ``name`` defaults to the URL's host:port."""
 
     name: Name
-    url: HttpUrl
+    #: Not in repr(): it may hold user:password or a token (shown via ``redact.safe_url``).
+    url: HttpUrl = Field(repr=False)
     hardware: HardwareSettings | None = None
     model: ModelSettings | None = None
     probe: ProbeSettings = ProbeSettings()
@@ -248,7 +265,7 @@ class PrometheusSourceSettings(HttpAuth):
     each distinct combination of ``identity_labels`` is one server (a target).
     """
 
-    url: HttpUrl
+    url: HttpUrl = Field(repr=False)
     selector: str = Field(default="", pattern=r"^\s*(\{.*\})?\s*$")
     identity_labels: list[str] = Field(default=["job", "instance"], min_length=1)
     timeout_seconds: float = Field(default=10, gt=0)
@@ -325,7 +342,13 @@ class Settings(BaseSettings):
     #: A target exposing more model_name values than this (a misbehaving exporter, a
     #: label used for request ids) keeps its first ones; the rest are counted in
     #: vllm_triage_models_dropped_total and logged, so memory and /metrics stay bounded.
-    max_models_per_target: int = Field(default=100, ge=1)
+    max_models_per_target: int = Field(default=DEFAULT_MAX_MODELS, ge=1)
+    #: What one scrape may cost to read; past any of these the scrape is refused whole and
+    #: counted as vllm_triage_scrape_failures_total{reason="too_costly"} (as Prometheus'
+    #: sample_limit and label_value_length_limit do), so one target cannot stall the rest.
+    max_lines_per_scrape: int = Field(default=DEFAULT_MAX_LINES, ge=100)
+    max_line_length: int = Field(default=DEFAULT_MAX_LINE_LENGTH, ge=256)
+    max_label_value_length: int = Field(default=DEFAULT_MAX_LABEL_VALUE_LENGTH, ge=64)
     shutdown_grace_seconds: float = Field(default=10.0, gt=0)
     #: Where open incidents, the notification log and undelivered notifications survive
     #: a restart (one SQLite file; see rules/defaults.yaml). ``auto``: ``vllm-triage run``
@@ -461,22 +484,41 @@ def _did_you_mean(word: str, candidates: list[str]) -> str:
     return f"; did you mean {close[0]}?" if close else ""
 
 
+#: An invalid value is shown this briefly (a list built from YAML aliases can be huge).
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxdict = 2, 4, 4, 4
+_SHOWN.maxstring = _SHOWN.maxother = 80
+#: Errors listed at most; the rest are counted.
+_MAX_ERRORS = 20
+
+
+def _shown(key: tuple[int | str, ...], got: Any) -> str:
+    if isinstance(got, str) and key and key[-1] == "url":
+        return repr(safe_url(got))  # a target's URL may hold user:password or ?token=
+    return _SHOWN.repr(got)
+
+
 def _describe(exc: ValidationError, source: str) -> str:
     lines = [f"invalid settings ({source}):"]
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    errors = exc.errors()
+    if len(errors) > _MAX_ERRORS:
+        lines.append(f"  ({len(errors)} errors; the first {_MAX_ERRORS}:)")
+    for err in errors[:_MAX_ERRORS]:
+        key = quoted(".".join(str(p) for p in err["loc"]), 120) or "(top level)"
         got = err.get("input")
         secret = _SECRET_KEYS.intersection(str(p) for p in err["loc"]) or (
             err["loc"][:1] == ("receivers",) and "url" in err["loc"]
         )
         # An unknown key may be a misspelt secret ("bearer-token"): never echo its value.
         hidden = isinstance(got, dict) or got is None or secret or err["type"] == "extra_forbidden"
-        msg = err["msg"].removeprefix("Value error, ")
+        msg = quoted(err["msg"].removeprefix("Value error, "))
         if err["type"] == "extra_forbidden":
             *where, last = err["loc"]
             msg = "unknown key" + _did_you_mean(str(last), _keys_at(tuple(where)))
-        # A message that already quotes the value does not repeat it.
-        shown = "" if hidden or repr(got) in msg or str(got) in msg else f" (got {got!r})"
+        # A message that already quotes the value does not repeat it (only short scalars
+        # are looked for: a value built from YAML aliases can be huge).
+        repeated = isinstance(got, str | int | float) and str(got)[:200] in msg
+        shown = "" if hidden or repeated else f" (got {_shown(err['loc'], got)})"
         lines.append(f"  {key}: {msg}{shown}")
     return "\n".join(lines)
 
@@ -573,6 +615,6 @@ def load_settings(
     except SettingsError as exc:
         # A VLLM_TRIAGE_* variable that is not valid JSON for a list or mapping; the
         # message names the field, not the value.
-        raise ConfigError(f"invalid settings ({source}): {exc}") from None
+        raise ConfigError(f"invalid settings ({source}): {quoted(str(exc))}") from None
     finally:
         _flags.reset(token)

@@ -15,12 +15,12 @@ from collections.abc import Callable
 import httpx
 import structlog
 
-from daemon.assemble import build_evaluator, build_rulebook
+from daemon.assemble import build_evaluator, build_rulebook, parse_limits
 from daemon.core.incidents import TrackRecord
 from daemon.core.model import Snapshot, Transition
 from daemon.core.parse import SnapshotParser
 from daemon.core.timeline import setting_values
-from daemon.errors import ParseError, ScrapeError
+from daemon.errors import ParseError, ScrapeError, TooCostlyError
 from daemon.history import History
 from daemon.httpauth import auth_headers
 from daemon.notifier import Notifier
@@ -37,6 +37,8 @@ log = structlog.get_logger("vllm_triage.watcher")
 #: A failing target logs its first failure at once, then one summary line per this
 #: many seconds, and one line when it recovers: a dead target must not flood the logs.
 FAILURE_LOG_EVERY_S = 60.0
+#: A log field carries at most this much of a message chosen by a target.
+LOG_TEXT_CHARS = 300
 
 
 class TargetWatcher:
@@ -54,7 +56,7 @@ class TargetWatcher:
         rulebook = build_rulebook(own)
         self.target = target
         self.evaluator = build_evaluator(own, rulebook)
-        self.parser = SnapshotParser()
+        self.parser = SnapshotParser(limits=parse_limits(settings))
         self.state = TargetState(target.name, safe_url(target.url), rulebook.ceiling)
         spec = load_spec()
         self.state.history = History.for_interval(
@@ -69,10 +71,12 @@ class TargetWatcher:
         self._clock = clock
         self._timeout = settings.scrape_timeout
         self._max_body = settings.max_body_bytes
-        self._max_models = settings.max_models_per_target
         self._dropped_logged_at: float | None = None
+        self._problems_logged_at: float | None = None
+        self._problems_suppressed = 0
         self._headers = auth_headers(target)
         self._failing_since_log: float | None = None
+        self._last_reason = ""
         self._suppressed = 0
         self._store = store
         #: The incident state last written to the store (written again only on change).
@@ -116,9 +120,12 @@ class TargetWatcher:
                 max_body_bytes=self._max_body,
                 headers=self._headers,
             )
-            snapshot = self.parser.parse_bytes(body, at)
+            snapshot = await self._parse(body, at)
         except ScrapeError as exc:
             self._failed(exc.reason, str(exc))
+            return
+        except TooCostlyError as exc:
+            self._failed("too_costly", f"refused: reading it would cost too much: {exc}")
             return
         except ParseError as exc:
             self._failed("parse", not_metrics_hint(st.url, exc))
@@ -133,6 +140,24 @@ class TargetWatcher:
             st.attempted(at, time.monotonic() - started)
             self.in_flight = False
         self.consume(snapshot)
+
+    def known_models(self) -> frozenset[str]:
+        """The models watched now: read first when a target exposes too many."""
+        view = self.state.view
+        return frozenset(view.evaluation.diagnoses) if view is not None else frozenset()
+
+    async def _parse(self, body: bytes, at: float) -> Snapshot:
+        """Parse on the event loop, a step of ``STEP_LINES`` lines at a time, letting the
+        other targets' scrapes and the deliveries run between steps (a one-model vLLM
+        body, about 600 lines, is one step)."""
+        steps = self.parser.steps_bytes(body, at, keep=self.known_models())
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                snapshot: Snapshot = done.value
+                return snapshot
+            await asyncio.sleep(0)
 
     def consume(self, snapshot: Snapshot) -> None:
         """A snapshot that arrived (scraped here, or read from Prometheus in fleet mode):
@@ -153,15 +178,15 @@ class TargetWatcher:
         at = snapshot.at
         self._recovered()
         st.up, st.last_success_at = True, at
-        if len(snapshot.models) > self._max_models:
-            snapshot = self._bounded(snapshot)
+        if self.parser.models_dropped:
+            self._dropped(len(snapshot.models))
         if self.prober is not None:
             # The core sees the probe as data, taken with the scrape.
             snapshot = dataclasses.replace(snapshot, probe=self.prober.status())
         evaluation = self.evaluator.step(snapshot)
         if snapshot.problems:
             st.series_problems += len(snapshot.problems)
-            log.warning("series_unusable", target=st.name, problems=list(snapshot.problems)[:5])
+            self._log_problems(snapshot.problems)
         if not evaluation.accepted:
             log.warning("snapshot_out_of_order", target=st.name, at=at)
             return
@@ -184,14 +209,12 @@ class TargetWatcher:
         if evaluation.transitions and self._notifier is not None:
             self._notifier.notify(st.name, evaluation.transitions, now=at)
 
-    def _bounded(self, snapshot: Snapshot) -> Snapshot:
-        """At most ``max_models_per_target`` models: the ones already watched first, then
-        the rest by name. What is left out is counted and logged, never silently lost."""
+    def _dropped(self, kept: int) -> None:
+        """The parser read at most ``max_models_per_target`` models (the ones already
+        watched first, then the others in the order the target lists them); what it left
+        out is counted and logged, never silently lost."""
         st = self.state
-        known = set(st.view.evaluation.diagnoses) if st.view is not None else set()
-        order = sorted(snapshot.models, key=lambda m: (m not in known, m))
-        keep = order[: self._max_models]
-        dropped = len(order) - len(keep)
+        dropped = self.parser.models_dropped
         st.models_dropped += dropped
         now = time.monotonic()
         if self._dropped_logged_at is None or now - self._dropped_logged_at >= FAILURE_LOG_EVERY_S:
@@ -199,12 +222,27 @@ class TargetWatcher:
             log.warning(
                 "models_dropped",
                 target=st.name,
-                exposed=len(order),
-                kept=len(keep),
+                exposed=kept + dropped,
+                kept=kept,
                 dropped=dropped,
-                first_dropped=order[len(keep)][:80],
+                first_dropped=self.parser.first_dropped[:80],
             )
-        return dataclasses.replace(snapshot, models={m: snapshot.models[m] for m in keep})
+
+    def _log_problems(self, problems: tuple[str, ...]) -> None:
+        """Unusable series are counted on every scrape and logged once a minute at most
+        (a target that always sends a NaN must not write a line per scrape)."""
+        now = time.monotonic()
+        last = self._problems_logged_at
+        if last is not None and now - last < FAILURE_LOG_EVERY_S:
+            self._problems_suppressed += 1
+            return
+        log.warning(
+            "series_unusable",
+            target=self.state.name,
+            problems=[p[:LOG_TEXT_CHARS] for p in problems[:5]],
+            scrapes_since_last_log=self._problems_suppressed + 1,
+        )
+        self._problems_logged_at, self._problems_suppressed = now, 0
 
     def _log_transition(self, t: Transition) -> None:
         d = t.diagnosis
@@ -228,10 +266,14 @@ class TargetWatcher:
         st = self.state
         st.up = False
         st.failures[reason] += 1
+        message = message[: 2 * LOG_TEXT_CHARS]
         st.last_error = message
         now = time.monotonic()
         last = self._failing_since_log
-        if last is None or now - last >= FAILURE_LOG_EVERY_S:
+        # Logged at once when the reason changes (a timeout, then a redirect): new news.
+        changed = reason != self._last_reason
+        self._last_reason = reason
+        if last is None or changed or now - last >= FAILURE_LOG_EVERY_S:
             log.warning(
                 "scrape_failed",
                 target=st.name,
@@ -246,4 +288,4 @@ class TargetWatcher:
     def _recovered(self) -> None:
         if self._failing_since_log is not None:
             log.info("scrape_recovered", target=self.state.name, suppressed=self._suppressed)
-        self._failing_since_log, self._suppressed = None, 0
+        self._failing_since_log, self._suppressed, self._last_reason = None, 0, ""

@@ -4,7 +4,9 @@ prometheus_client (the text format's reference parser) to hold our fast parser t
 from __future__ import annotations
 
 import math
+import os
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +108,19 @@ def snapshot_models(snapshot: Any) -> dict[str, dict[str, Any]]:
 def vllm_fixture(request: pytest.FixtureRequest) -> Path:
     path: Path = request.param
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Before any module-scoped fixture starts a daemon: never the user's own state."""
+    home = tmp_path_factory.mktemp("session-state-home")
+    saved = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(home)
+    yield home
+    if saved is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = saved
 
 
 @pytest.fixture(autouse=True)

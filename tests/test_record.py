@@ -73,8 +73,10 @@ class TestRecord:
 class TestFetch:
     def test_body_limit(self) -> None:
         """A body over the limit is refused without being kept whole."""
+        # A stream, as from a socket (``content=`` would hand fetch a body already read).
+        body = httpx.ByteStream(b"x" * 5000)
         client = httpx.Client(
-            transport=httpx.MockTransport(lambda r: httpx.Response(200, content=b"x" * 5000))
+            transport=httpx.MockTransport(lambda r: httpx.Response(200, stream=body))
         )
         with pytest.raises(ScrapeError, match="larger than 1000 bytes"):
             fetch(client, "http://127.0.0.1:1/metrics", timeout=1, max_body_bytes=1000)

@@ -150,7 +150,7 @@ class TestTheLikeliestMistakes:
         with pytest.raises(ConfigError) as info:
             load_settings(path)
         message = str(info.value)
-        assert message.startswith(f"{path}, line 3, column 1: not valid YAML:")
+        assert message.startswith(f"{path}: not valid YAML: line 3, column 1:")
         assert "at line 2, column 21" in message and "<unicode string>" not in message
 
     def test_a_target_without_a_name_is_named_as_target_names_it(self, tmp_path: Path) -> None:

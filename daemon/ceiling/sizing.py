@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon.errors import ConfigError
+from daemon.rules import read_small_text
 
 # Canonical name and bytes per weight. 4-bit formats count 0.5 byte and leave out their
 # scales and zero points (a few percent), as the seed's arithmetic does.
@@ -432,13 +433,11 @@ def read_config_json(path: str | Path) -> dict[str, Any]:
     if p.is_dir():
         p = p / "config.json"
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not UTF-8 text: {exc}") from exc
+        data = json.loads(read_small_text(p))
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{p}: not valid JSON: {exc}") from exc
+        raise ConfigError(f"{p}: not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: nested too deeply; refused") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: a config.json must hold a JSON object")
     return data

@@ -122,6 +122,7 @@ def check(
     from daemon.core.parse import SnapshotParser
     from daemon.core.report import diagnosis_dict
     from daemon.errors import ParseError, ScrapeError
+    from daemon.redact import safe_url
     from daemon.scrape import DEFAULT_MAX_BODY_BYTES, fetch, not_metrics_hint
     from daemon.settings import load_settings
 
@@ -147,16 +148,16 @@ def check(
             body = fetch(client, url, timeout=timeout, max_body_bytes=DEFAULT_MAX_BODY_BYTES)
             evaluation = evaluator.step(parser.parse_bytes(body, at))
         except ScrapeError as exc:
-            errors[str(exc)] += 1
+            errors[str(exc)[:500]] += 1
             return exc.reason
         except ParseError as exc:
-            errors[not_metrics_hint(url, exc)] += 1
+            errors[not_metrics_hint(url, exc)[:500]] += 1
             return "parse"
         ok += 1
         last = evaluation
         return ""
 
-    with httpx.Client(follow_redirects=True) as client:
+    with httpx.Client(follow_redirects=False) as client:
         for i in range(total):
             if i:
                 sleep(gap)
@@ -193,7 +194,7 @@ def check(
                 }
             )
     result: dict[str, Any] = {
-        "url": url,
+        "url": safe_url(url),  # without user:password or query values
         "scrapes_ok": ok,
         "scrapes_tried": sum(errors.values()) + ok,
         "stopped_early": stopped_early,

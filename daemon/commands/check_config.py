@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -21,6 +22,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     from daemon.assemble import build_rulebook
+    from daemon.redact import masked_urls
     from daemon.settings import load_settings
     from daemon.store import default_state_dir
 
@@ -29,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     rulebooks = [("default", build_rulebook(settings))] + [
         (f"target {t.name}", build_rulebook(settings.for_target(t))) for t in settings.targets
     ]
-    print(settings.model_dump_json(indent=2))  # secrets print as **********
+    # Secrets print as **********; URLs without user:password and query values.
+    print(json.dumps(masked_urls(settings.model_dump(mode="json")), indent=2))
     for who, rulebook in rulebooks:
         c = rulebook.ceiling
         line = (

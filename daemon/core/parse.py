@@ -12,9 +12,21 @@ What is an error and what is a problem:
 - ``ParseError`` (the whole body is unreadable, as Prometheus would refuse the scrape): not
   UTF-8, empty, a line that breaks the grammar (a truncated body usually ends in one), a
   duplicated series, or no vLLM family at all.
+- ``TooCostlyError`` (a ``ParseError``: the body may be valid, but reading it would cost
+  more than one scrape may): more lines than ``ParseLimits.max_lines``, a line longer than
+  ``max_line_length``, a label value longer than ``max_label_value_length``. Like
+  Prometheus' ``sample_limit`` and ``label_value_length_limit``, the whole scrape is
+  refused rather than half-read.
 - ``Snapshot.problems`` (one series unusable, the rest kept): a NaN or infinite gauge, a
   negative counter, a histogram without its +Inf bucket or ``_count``, buckets that
   decrease, or engines whose bucket bounds differ. The shell logs and counts them.
+
+Cost: every regular expression here is linear in its input (no two parts of a pattern can
+match the same characters, so a failing match never retries a split; Python's ``re`` holds
+the GIL for a whole match, so one quadratic pattern on a 40,000-digit value would freeze
+every thread for a minute). With the line count and line length bounded, one parse is
+bounded. ``model_name`` values beyond ``max_models`` are skipped while reading (the ones
+in ``keep`` first), so a target exposing 200,000 of them costs no more than its lines.
 """
 
 from __future__ import annotations
@@ -22,20 +34,25 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from collections.abc import Collection, Generator
 from dataclasses import dataclass, field
 
 from daemon.core.model import Era, Histogram, KVPool, ModelSeries, Snapshot
 from daemon.core.names import COUNTER_FIELDS, GAUGE_FIELDS, HISTOGRAM_FIELDS, PREFIXES, SAMPLES
-from daemon.errors import ParseError
+from daemon.errors import ParseError, TooCostlyError
 
+# Written so that no two parts can match the same text (whitespace belongs to the
+# separators only; a quoted string is the "unrolled loop" form; a number's digits can
+# be split one way only): a failing match is then linear, not quadratic.
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_LABEL_PAIR = r'[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\\n]|\\.)*"[ \t]*'
-_LABELS = rf"(?:{_LABEL_PAIR}(?:,{_LABEL_PAIR})*,?)?[ \t]*"
-_VALUE = r"[+-]?(?:[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|[0-9]+\.|Inf|inf|NaN|nan)"
+_QUOTED = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
+_LABEL_PAIR = rf"[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*{_QUOTED}"
+_LABELS = rf"[ \t]*(?:{_LABEL_PAIR}[ \t]*(?:,[ \t]*{_LABEL_PAIR}[ \t]*)*(?:,[ \t]*)?)?"
+_VALUE = r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|Inf|inf|NaN|nan)"
 #: One sample line of text format 0.0.4: name, optional labels, value, optional timestamp.
 _SAMPLE_LINE = re.compile(rf"{_NAME}(?:\{{{_LABELS}\}})?[ \t]+{_VALUE}(?:[ \t]+-?[0-9]+)?[ \t]*")
 _LABELS_FULL = re.compile(_LABELS)
-_LABEL_FIND = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"')
+_LABEL_FIND = re.compile(rf"([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*({_QUOTED})")
 _ESCAPES = re.compile(r"\\(.)")
 _ESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
 
@@ -54,6 +71,32 @@ def _unescape(value: str) -> str:
     return _ESCAPES.sub(lambda m: _ESCAPED.get(m.group(1), "\\" + m.group(1)), value)
 
 
+#: What one scrape may cost by default (``Settings`` can change each): room for the
+#: default 100 models of vLLM 0.19's ~350 samples each with 40 % to spare (a parse costs
+#: about 10 microseconds a line), lines a hundred times the longest vLLM writes, and
+#: model names (paths included) well below a kilobyte.
+DEFAULT_MAX_LINES = 50_000
+DEFAULT_MAX_LINE_LENGTH = 65_536
+DEFAULT_MAX_LABEL_VALUE_LENGTH = 1024
+DEFAULT_MAX_MODELS = 100
+#: The parser's memos hold at most this many characters (a label set of a 64 KiB line
+#: counts 64 Ki), so that hostile bodies cannot grow them scrape after scrape.
+MAX_CACHED_CHARS = 4 * 1024 * 1024
+#: ``SnapshotParser.steps`` pauses after this many lines (a few milliseconds of work).
+STEP_LINES = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ParseLimits:
+    """Bounds on what one body may cost to read (see the module docstring)."""
+
+    max_lines: int = DEFAULT_MAX_LINES
+    max_line_length: int = DEFAULT_MAX_LINE_LENGTH
+    max_label_value_length: int = DEFAULT_MAX_LABEL_VALUE_LENGTH
+    #: Distinct ``model_name`` values read; the others' lines are skipped and counted.
+    max_models: int = DEFAULT_MAX_MODELS
+
+
 @dataclass(slots=True)
 class _Acc:
     """Per (model, field, naming generation): values gathered while reading."""
@@ -68,30 +111,77 @@ class _Acc:
     problem: str | None = None
 
 
+class _Admission:
+    """Which ``model_name`` values one parse reads: at most ``limit``, with a slot kept
+    for each of ``keep`` (the models already watched) wherever it appears in the body;
+    the others in order of appearance. The rest are counted, never read."""
+
+    __slots__ = ("admitted", "dropped", "first_dropped", "keep", "other_slots", "others")
+
+    def __init__(self, limit: int, keep: Collection[str]) -> None:
+        self.keep = frozenset(keep) if len(keep) <= limit else frozenset(sorted(keep)[:limit])
+        self.other_slots = limit - len(self.keep)
+        self.admitted: set[str] = set()
+        self.others = 0
+        self.dropped: set[str] = set()
+        self.first_dropped = ""
+
+    def admits(self, model: str) -> bool:
+        if model in self.admitted:
+            return True
+        if model in self.dropped:
+            return False
+        if model in self.keep or self.others < self.other_slots:
+            self.others += model not in self.keep
+            self.admitted.add(model)
+            return True
+        if not self.dropped:
+            self.first_dropped = model
+        self.dropped.add(model)
+        return False
+
+
 class SnapshotParser:
     """Reads exposition text from one target; keep one per target.
 
     It remembers the label sets it has parsed (they repeat in every scrape), which makes
     the next scrape of the same target cheaper. The memory is bounded by
-    ``max_cached_label_sets``; when full it starts over. It never changes a result.
+    ``max_cached_label_sets`` and ``MAX_CACHED_CHARS``; when full it starts over. It
+    never changes a result.
+
+    After each ``parse``, ``models_dropped`` is how many distinct ``model_name`` values
+    were left out by ``limits.max_models``, and ``first_dropped`` the first of them.
     """
 
-    def __init__(self, *, max_cached_label_sets: int = 20_000) -> None:
+    def __init__(
+        self, *, max_cached_label_sets: int = 20_000, limits: ParseLimits | None = None
+    ) -> None:
         self._labels: dict[str, LabelSet] = {}
+        self._labels_chars = 0
         # Lines of families we do not read whose name and labels already passed the
         # grammar: next time only their value needs checking.
         self._checked: set[str] = set()
+        self._checked_chars = 0
         self._max_cached = max_cached_label_sets
+        self.limits = limits or ParseLimits()
+        self.models_dropped = 0
+        self.first_dropped = ""
 
-    def parse_bytes(self, body: bytes, at: float) -> Snapshot:
+    def parse_bytes(self, body: bytes, at: float, *, keep: Collection[str] = ()) -> Snapshot:
         """Decode a scraped body (UTF-8, as the text format requires) and parse it."""
+        return finish(self.steps_bytes(body, at, keep=keep))
+
+    def steps_bytes(
+        self, body: bytes, at: float, *, keep: Collection[str] = ()
+    ) -> Generator[None, None, Snapshot]:
+        """``parse_bytes`` in steps: see ``steps``."""
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ParseError(
                 f"body is not UTF-8 text (byte {exc.start}): not a Prometheus /metrics payload"
             ) from exc
-        return self.parse(text, at)
+        return (yield from self.steps(text, at, keep=keep))
 
     def _label_set(self, section: str, lineno: int) -> LabelSet:
         cached = self._labels.get(section)
@@ -100,17 +190,47 @@ class SnapshotParser:
         if _LABELS_FULL.fullmatch(section) is None:
             raise ParseError(f"malformed label set {{{section[:80]}}}", line=lineno)
         labels: LabelSet = {}
-        for key, raw in _LABEL_FIND.findall(section):
+        longest = self.limits.max_label_value_length
+        # findall only ever sees a section that fullmatched above: consecutive pairs, so
+        # it never rescans from inside a value.
+        for key, quoted in _LABEL_FIND.findall(section):
+            raw = quoted[1:-1]
+            if len(raw) > longest:
+                raise TooCostlyError(
+                    f"label {key[:40]} is {len(raw)} characters long, more than "
+                    f"max_label_value_length ({longest})",
+                    line=lineno,
+                )
             labels[key] = _unescape(raw) if "\\" in raw else raw
-        if len(self._labels) >= self._max_cached:
+        if len(self._labels) >= self._max_cached or self._labels_chars > MAX_CACHED_CHARS:
             self._labels.clear()
+            self._labels_chars = 0
         self._labels[section] = labels
+        self._labels_chars += len(section)
         return labels
 
-    def parse(self, text: str, at: float) -> Snapshot:
-        """Parse one payload scraped at ``at`` (unix seconds)."""
+    def _check_cost(self, text: str) -> None:
+        lines = text.count("\n") + 1
+        if lines > self.limits.max_lines:
+            raise TooCostlyError(
+                f"{lines} lines, more than max_lines_per_scrape ({self.limits.max_lines})"
+            )
+
+    def parse(self, text: str, at: float, *, keep: Collection[str] = ()) -> Snapshot:
+        """Parse one payload scraped at ``at`` (unix seconds). ``keep``: the models
+        already watched, read first when there are more than ``limits.max_models``."""
+        return finish(self.steps(text, at, keep=keep))
+
+    def steps(
+        self, text: str, at: float, *, keep: Collection[str] = ()
+    ) -> Generator[None, None, Snapshot]:
+        """``parse`` as a generator that pauses every ``STEP_LINES`` lines and returns the
+        snapshot: an event loop can run other work between the steps of a big body,
+        without a thread (a thread parsing holds the GIL against the loop in 5 ms turns,
+        which slows every other target's scrape)."""
         if not text.strip():
             raise ParseError("empty body: the target returned no metrics")
+        self._check_cost(text)
         samples = SAMPLES
         accs: dict[tuple[str, str, str], _Acc] = {}
         pools: list[LabelSet] = []
@@ -119,11 +239,24 @@ class SnapshotParser:
         other_prefix_lines = 0
         any_vllm = False
         line_re = _SAMPLE_LINE
+        longest = self.limits.max_line_length
+        admission = _Admission(self.limits.max_models, keep)
+        self.models_dropped, self.first_dropped = 0, ""
 
         if "\r" in text:
             text = text.replace("\r\n", "\n")
         checked = self._checked
+        countdown = STEP_LINES
         for lineno, line in enumerate(text.split("\n"), start=1):
+            countdown -= 1
+            if not countdown:
+                countdown = STEP_LINES
+                yield
+            if len(line) > longest:
+                raise TooCostlyError(
+                    f"a line of {len(line)} characters, more than max_line_length ({longest})",
+                    line=lineno,
+                )
             if not line or line[0] == "#":
                 continue
             hit = None
@@ -140,9 +273,11 @@ class SnapshotParser:
                 if head not in checked or not _is_number(value_text):
                     if line_re.fullmatch(line) is None:
                         raise ParseError(f"not a valid sample line: {line[:120]!r}", line=lineno)
-                    if len(checked) >= self._max_cached:
+                    if len(checked) >= self._max_cached or self._checked_chars > MAX_CACHED_CHARS:
                         checked.clear()
+                        self._checked_chars = 0
                     checked.add(head)
+                    self._checked_chars += len(head)
                 if not any_vllm and line.startswith(PREFIXES):
                     any_vllm = True
                 continue
@@ -171,7 +306,7 @@ class SnapshotParser:
             except ValueError:
                 raise ParseError(f"not a number: {line[:120]!r}", line=lineno) from None
             if key in seen:
-                raise ParseError(f"duplicate series {key[0]}{{{key[1]}}}", line=lineno)
+                raise ParseError(f"duplicate series {key[0]}{{{key[1][:200]}}}", line=lineno)
             seen.add(key)
             if prefix is None:
                 prefix = line_prefix
@@ -184,6 +319,8 @@ class SnapshotParser:
                 pools.append(labels)
                 continue
             model = labels.get("model_name", "")
+            if not admission.admits(model):
+                continue
             acc_key = (model, spec.field, spec.generation)
             acc = accs.get(acc_key)
             if acc is None:
@@ -212,6 +349,7 @@ class SnapshotParser:
                 acc.hcount = value if acc.hcount is None else acc.hcount + value
                 acc.hcount_series += 1
 
+        self.models_dropped, self.first_dropped = len(admission.dropped), admission.first_dropped
         if not any_vllm:
             raise ParseError(
                 "no vLLM metrics found (no vllm: or ray_vllm: series): "
@@ -226,9 +364,19 @@ class SnapshotParser:
         return _assemble(at, accs, pools, prefix or PREFIXES[0], problems)
 
 
-def parse_snapshot(text: str, at: float) -> Snapshot:
+def finish(steps: Generator[None, None, Snapshot]) -> Snapshot:
+    """Run a parse's steps to the end, at once."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            snapshot: Snapshot = done.value
+            return snapshot
+
+
+def parse_snapshot(text: str, at: float, *, limits: ParseLimits | None = None) -> Snapshot:
     """Parse one payload without a per-target parser (tests, one-off use)."""
-    return SnapshotParser().parse(text, at)
+    return SnapshotParser(limits=limits).parse(text, at)
 
 
 def _era(accs: dict[tuple[str, str, str], _Acc]) -> Era:
