@@ -53,14 +53,21 @@ SNAPSHOTS = 12  # window_seconds / interval_seconds at the defaults (60 / 5)
 RUN_S = 240.0
 
 
-def largest_body(limit: int) -> bytes:
-    """As many models as fit under ``limit`` bytes."""
-    per_model = len(many_models(2).encode()) - len(many_models(1).encode())
-    n = max(1, (limit - len(many_models(1).encode())) // per_model)
-    body = many_models(n).encode()
-    while len(body) > limit:
+def largest_body(limit: int, max_lines: int, name_length: int) -> bytes:
+    """As many models as fit under ``limit`` bytes and ``max_lines`` lines, their names as
+    long as a label value may be: the largest scrape the parser accepts."""
+
+    def size(n: int) -> tuple[int, int]:
+        text = many_models(n, name_length=name_length)
+        return len(text.encode()), text.count("\n") + 1
+
+    one, two = size(1), size(2)
+    per_bytes, per_lines = two[0] - one[0], two[1] - one[1]
+    n = max(1, min((limit - one[0]) // per_bytes, (max_lines - one[1]) // per_lines))
+    body = many_models(n, name_length=name_length).encode()
+    while len(body) > limit or body.count(b"\n") + 1 > max_lines:
         n -= 1
-        body = many_models(n).encode()
+        body = many_models(n, name_length=name_length).encode()
     return body
 
 
@@ -169,10 +176,10 @@ def queue_mb(queue_size: int) -> tuple[float, int]:
     return used / 1e6, len(kept[0].body)
 
 
-def main() -> None:
-    settings = load_settings()
-    body = largest_body(settings.max_body_bytes - 1024)
+def run_shape(name: str, body: bytes, settings_bytes: int, max_lines: int) -> float:
+    """One daemon watching ``body``; prints what it measured, returns the peak RSS (MB)."""
     models = body.count(b"vllm:num_requests_running{") or 0
+    lines = body.count(b"\n") + 1
     server, url = serve(body)
     try:
         httpx.get(url, timeout=10).raise_for_status()
@@ -183,19 +190,41 @@ def main() -> None:
     began = time.perf_counter()
     SnapshotParser().parse_bytes(body, 0.0)
     parse_s = time.perf_counter() - began
-    q_mb, body_bytes = queue_mb(1000)
     print(
-        f"largest scrape: {len(body) / 2**20:.1f} MiB (max_body_bytes "
-        f"{settings.max_body_bytes / 2**20:.0f} MiB), {models} models "
-        f"(max_models_per_target {settings.max_models_per_target} kept), "
-        f"every {INTERVAL_S:g} s, until {SNAPSHOTS} snapshots are in the window"
+        f"{name}: {len(body) / 2**20:.1f} MiB (max_body_bytes {settings_bytes / 2**20:.0f} "
+        f"MiB), {lines} lines (max_lines_per_scrape {max_lines}), {models} models; every "
+        f"{INTERVAL_S:g} s until {SNAPSHOTS} snapshots are in the window"
     )
     print(
-        f"scrapes {counts.get('vllm_triage_scrapes_total', 0):.0f}, skipped "
+        f"  scrapes {counts.get('vllm_triage_scrapes_total', 0):.0f}, skipped "
         f"{counts.get('vllm_triage_scrape_skipped_total', 0):.0f}, failed "
         f"{counts.get('failures', 0):.0f}; one parse of the body: {parse_s:.2f} s of CPU"
     )
-    print(f"daemon peak RSS (VmHWM): {peak:.0f} MB; RSS at the end: {end:.0f} MB")
+    print(f"  daemon peak RSS (VmHWM): {peak:.0f} MB; RSS at the end: {end:.0f} MB")
+    return peak
+
+
+def main() -> None:
+    settings = load_settings()
+    limit, lines = settings.max_body_bytes - 1024, settings.max_lines_per_scrape - 10
+    # The two largest scrapes the bounds allow: every byte (the longest label values),
+    # or every line (short names, so the most models and series per byte).
+    peaks = [
+        run_shape(
+            "most bytes",
+            largest_body(limit, lines, settings.max_label_value_length),
+            settings.max_body_bytes,
+            settings.max_lines_per_scrape,
+        ),
+        run_shape(
+            "most lines",
+            largest_body(limit, lines, 0),
+            settings.max_body_bytes,
+            settings.max_lines_per_scrape,
+        ),
+    ]
+    q_mb, body_bytes = queue_mb(1000)
+    print(f"worst daemon peak RSS: {max(peaks):.0f} MB")
     print(
         f"a full delivery queue (queue_size 1000, webhook bodies of {body_bytes} bytes): "
         f"{q_mb:.1f} MB per receiver"

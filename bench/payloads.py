@@ -24,8 +24,10 @@ def one_model() -> str:
     return FIXTURE.read_text(encoding="utf-8")
 
 
-def many_models(n: int = 8) -> str:
-    names = [MODEL] + [f"org-{i}/model-{i}-instruct" for i in range(1, n)]
+def many_models(n: int = 8, *, name_length: int = 0) -> str:
+    """``n`` models; with ``name_length``, every name but the first padded to that many
+    characters (the longest label values a target may send make the largest bodies)."""
+    names = [MODEL] + [f"org-{i}/model-{i}-instruct".ljust(name_length, "x") for i in range(1, n)]
     out: list[str] = []
     block: list[str] = []
 

@@ -111,7 +111,7 @@ LATE_USERS = Workload(
 )
 
 TOUR_CHAT = Workload(arrival_rate_per_s=3.0, prompt_tokens=400, output_tokens=180, spread=0.5)
-TOUR_DOCS = Workload(arrival_rate_per_s=1.0, prompt_tokens=12000, output_tokens=24, seed=1)
+TOUR_DOCS = Workload(arrival_rate_per_s=1.3, prompt_tokens=10000, output_tokens=24, seed=1)
 TOUR_LONG_ANSWERS = Workload(arrival_rate_per_s=7.3, prompt_tokens=64, output_tokens=1600, seed=2)
 
 
