@@ -139,6 +139,7 @@ def build_rulebook(settings: Settings) -> Rulebook:
             itl_spike_ratio=th.itl_spike_ratio,
             near_ceiling_ratio=th.near_ceiling_ratio,
             roofline_impossible_ratio=th.roofline_impossible_ratio,
+            dram_active_busy=th.dram_active_busy,
         ),
         remediation=load_remediation(),
         ceiling=ceiling(settings, size),

@@ -60,6 +60,7 @@ class ThresholdSettings(BaseModel):
     itl_spike_ratio: float = Field(gt=1)
     near_ceiling_ratio: float = Field(gt=0, le=1)
     roofline_impossible_ratio: float = Field(gt=1)
+    dram_active_busy: float = Field(gt=0, le=1)
 
 
 class HardwareSettings(BaseModel):

@@ -10,15 +10,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import httpx
 import structlog
 
 from daemon.assemble import build_evaluator, build_rulebook
+from daemon.core.evaluate import Evaluation
 from daemon.core.incidents import TrackRecord
-from daemon.core.model import Snapshot, Transition
+from daemon.core.model import Signals, Snapshot, Transition
 from daemon.core.parse import SnapshotParser
+from daemon.core.rulebook import Rulebook
 from daemon.errors import ParseError, ScrapeError
 from daemon.httpauth import auth_headers
 from daemon.notifier import Notifier
@@ -112,30 +114,62 @@ class TargetWatcher:
         self.consume(snapshot)
 
     def consume(self, snapshot: Snapshot) -> None:
-        """A snapshot that arrived (scraped here, or read from Prometheus in fleet mode):
-        evaluate it, publish the result, hand the transitions to the notifier. With a
-        store, the incident state and what the notifier did are one transaction."""
+        """A scraped snapshot: evaluate it, publish the result, hand the transitions to
+        the notifier. With a store, the incident state and what the notifier did are one
+        transaction."""
+        self._saving(lambda: self._consume(snapshot))
+
+    def consume_signals(
+        self,
+        at: float,
+        signals: Mapping[str, Signals],
+        rulebooks: Mapping[str, Rulebook],
+        problems: tuple[str, ...] = (),
+    ) -> None:
+        """Fleet mode: signals Prometheus windowed, with each model's own hardware and
+        model facts (``Evaluator.judge``); published and notified as ``consume`` does."""
+        self._saving(lambda: self._judge(at, signals, rulebooks, problems))
+
+    def _saving(self, evaluate: Callable[[], None]) -> None:
         if self._store is None:
-            self._consume(snapshot)
+            evaluate()
             return
         with self._store.batch():
-            self._consume(snapshot)
+            evaluate()
             records = self.evaluator.incidents.export()
             if records != self._saved:
                 self._store.save_incidents(self.state.name, records)
                 self._saved = records
 
     def _consume(self, snapshot: Snapshot) -> None:
-        st = self.state
-        at = snapshot.at
-        self._recovered()
-        st.up, st.last_success_at = True, at
         if len(snapshot.models) > self._max_models:
             snapshot = self._bounded(snapshot)
-        evaluation = self.evaluator.step(snapshot)
-        if snapshot.problems:
-            st.series_problems += len(snapshot.problems)
-            log.warning("series_unusable", target=st.name, problems=list(snapshot.problems)[:5])
+        self._publish(self.evaluator.step(snapshot))
+
+    def _judge(
+        self,
+        at: float,
+        signals: Mapping[str, Signals],
+        rulebooks: Mapping[str, Rulebook],
+        problems: tuple[str, ...],
+    ) -> None:
+        if len(signals) > self._max_models:
+            keep = sorted(signals)[: self._max_models]
+            self.state.models_dropped += len(signals) - len(keep)
+            signals = {m: signals[m] for m in keep}
+        for rules in rulebooks.values():
+            self.state.ceiling = rules.ceiling  # what the API shows: the server's card
+            break
+        self._publish(self.evaluator.judge(at, signals, rulebooks, problems))
+
+    def _publish(self, evaluation: Evaluation) -> None:
+        st = self.state
+        at = evaluation.at
+        self._recovered()
+        st.up, st.last_success_at = True, at
+        if evaluation.problems:
+            st.series_problems += len(evaluation.problems)
+            log.warning("series_unusable", target=st.name, problems=list(evaluation.problems)[:5])
         if not evaluation.accepted:
             log.warning("snapshot_out_of_order", target=st.name, at=at)
             return
