@@ -36,7 +36,7 @@ import structlog
 from daemon.core.window import signals_from_totals
 from daemon.errors import ScrapeError
 from daemon.fleet_hardware import Card, HardwareResolver
-from daemon.fleet_queries import FleetQuery, QueryPlan
+from daemon.fleet_queries import NAMES_REGEX, FleetQuery, QueryPlan, inner
 from daemon.fleet_signals import Fleet, totals
 from daemon.httpauth import auth_headers
 from daemon.notifier import Notifier
@@ -49,6 +49,9 @@ from daemon.watcher import TargetWatcher
 log = structlog.get_logger("vllm_triage.fleet")
 
 _NAME_OK = re.compile(r"[^A-Za-z0-9_.:/@-]+")
+#: Queries of one tick in flight at once (Prometheus runs 20 at a time by default,
+#: ``--query.max-concurrency``, for every user together).
+CONCURRENT_QUERIES = 6
 
 
 def target_name(labels: Mapping[str, str], identity: Iterable[str]) -> str:
@@ -96,10 +99,12 @@ class PrometheusSource:
             dcgm_gpu_metric=dcgm.gpu_metric,
             dcgm_dram_metric=dcgm.dram_metric,
         )
+        #: The names the fleet exposed at the last tick, and the queries asking for them.
+        self.present: frozenset[str] | None = None
         self.queries: list[FleetQuery] = self.plan.queries()
-        #: Servers in the last answer: all of them, and this shard's.
+        #: Servers in the last answers (all of them, and this shard's), rows and bytes.
         self.seen = self.owned = 0
-        self.last_rows = 0
+        self.last_rows = self.last_bytes = 0
         self._client = client
         self._notifier = notifier
         self._clock = clock
@@ -161,6 +166,32 @@ class PrometheusSource:
             log.info("fleet_target_discovered", target=name)
         return watcher
 
+    async def exposed(self, at: float) -> frozenset[str] | None:
+        """The names of the series the queries read that the fleet exposed in the
+        window (the label values API: the index alone, no samples); ``None`` when the
+        API cannot say, and every naming is asked for."""
+        url = f"{self.source.url.rstrip('/')}/api/v1/label/__name__/values"
+        matchers = ", ".join(
+            m for m in (f'__name__=~"{NAMES_REGEX}"', inner(self.source.selector)) if m
+        )
+        params = {
+            "match[]": "{" + matchers + "}",
+            "start": f"{at - self.settings.window_seconds:.3f}",
+            "end": f"{at:.3f}",
+        }
+        timeout = self.source.timeout_seconds
+        try:
+            resp = await self._client.get(
+                url, params=params, headers=self._headers, timeout=timeout
+            )
+            doc = resp.json()
+            found = doc["data"] if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            found = None
+        if not isinstance(found, list):
+            return None
+        return frozenset(n for n in found if isinstance(n, str))
+
     async def query(self, q: FleetQuery, at: float) -> bytes:
         """One instant query's body (POST: the queries are long)."""
         url = f"{self.source.url.rstrip('/')}/api/v1/query"
@@ -172,7 +203,7 @@ class PrometheusSource:
             raise scrape_error(exc, url, timeout) from exc
         if resp.status_code // 100 != 2:
             raise ScrapeError(
-                f"HTTP {resp.status_code} from {url} ({q.name}): {resp.text[:200]}",
+                f"HTTP {resp.status_code} from {url} ({q.key}): {resp.text[:200]}",
                 reason="http_status",
             )
         return resp.content
@@ -189,7 +220,7 @@ class PrometheusSource:
             result: list[dict[str, Any]] = doc["data"]["result"]
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ScrapeError(
-                f"not an instant query answer ({q.name}): {exc}", reason="parse"
+                f"not an instant query answer ({q.key}): {exc}", reason="parse"
             ) from exc
         return result
 
@@ -209,12 +240,25 @@ class PrometheusSource:
         try:
             if self._last is not None and at <= self._last:
                 return
-            bodies = await asyncio.gather(*(self.query(q, at) for q in self.queries))
+            present = await self.exposed(at)
+            if present != self.present:
+                self.present = present
+                self.queries = self.plan.queries(present)
+            queries = self.queries
+            # A few at a time: the query API serves dashboards and rules too.
+            limit = asyncio.Semaphore(CONCURRENT_QUERIES)
+
+            async def limited(q: FleetQuery) -> bytes:
+                async with limit:
+                    return await self.query(q, at)
+
+            bodies = await asyncio.gather(*(limited(q) for q in queries))
+            self.last_bytes = sum(len(b) for b in bodies)
             join = tuple(self.source.dcgm.join.values())
-            for i, q in enumerate(self.queries):
+            for i, q in enumerate(queries):
                 # One answer parsed at a time, each dropped once read: memory peaks at
                 # the largest parsed answer, not at all of them together.
-                fleet.read(self.rows(q, bodies[i]), join)
+                fleet.read(q.key, self.rows(q, bodies[i]), join)
                 bodies[i] = b""
         except ScrapeError as exc:
             self.api.failed(exc.reason, str(exc))
@@ -224,6 +268,9 @@ class PrometheusSource:
             self.in_flight = False
         api.up, api.last_success_at = True, now
         self._last = at
+        self.last_rows = fleet.rows
+        if fleet.unusable:
+            log.warning("fleet_rows_unusable", rows=fleet.unusable, of=fleet.rows)
         self._judge(fleet, at)
 
     def _judge(self, fleet: Fleet, at: float) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from daemon.core.model import GaugeStats, Histogram, WindowTotals
 from daemon.core.names import HISTOGRAM_FIELDS
-from daemon.fleet_queries import BUCKET_FIELDS, COUNTERS, DCGM_MODEL, FIELD, POOL_LABELS
+from daemon.fleet_queries import BUCKET_FIELDS, COUNTERS, DCGM_MODEL, POOL_LABELS
 
 Row = Mapping[str, Any]
 
@@ -78,6 +78,8 @@ class Fleet:
     servers: dict[str, Server] = field(default_factory=dict)
     dcgm_gpus: dict[tuple[str, ...], dict[str, int]] = field(default_factory=dict)
     dcgm_dram: dict[tuple[str, ...], float] = field(default_factory=dict)
+    #: Rows read, and rows without a label set (not an instant query's shape).
+    rows: int = 0
     unusable: int = 0
 
     def _server(self, labels: Mapping[str, str]) -> Server:
@@ -88,14 +90,14 @@ class Fleet:
             server = self.servers[name] = Server(name, ident)
         return server
 
-    def read(self, rows: Iterable[Row], dcgm_join: tuple[str, ...] = ()) -> None:
-        """Take in one answer's rows (``data.result`` of an instant query)."""
+    def read(self, key: str, rows: Iterable[Row], dcgm_join: tuple[str, ...] = ()) -> None:
+        """Take in the rows (``data.result``) of the instant query for ``key``."""
         for row in rows:
+            self.rows += 1
             metric = row.get("metric")
             if not isinstance(metric, dict):
                 self.unusable += 1
                 continue
-            key = metric.get(FIELD, "")
             value = _number(row)
             if key.startswith("dcgm_"):
                 self._dcgm(key, metric, value, dcgm_join)
@@ -118,7 +120,7 @@ class Fleet:
             elif key == "engines":
                 model.engines += int(value)
                 for k, v in metric.items():
-                    if k not in (FIELD, "model_name"):
+                    if k != "model_name":
                         server.labels.setdefault(k, v)
             else:
                 model.values[key] = value

@@ -65,7 +65,8 @@ def relabel(body: str, labels: str, keep: Callable[[str], bool] = lambda name: T
         if m is None or not keep(m.group(1)):
             continue
         inner = (m.group(2) or "{}")[1:-1]
-        out.append(f"{m.group(1)}{{{labels}{',' if inner else ''}{inner}}}{m.group(3)}")
+        both = ",".join(part for part in (labels, inner) if part)
+        out.append(f"{m.group(1)}{{{both}}}{m.group(3)}")
     return "\n".join(out) + "\n"
 
 

@@ -11,7 +11,6 @@ import asyncio
 import functools
 import json
 import math
-import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,12 +25,13 @@ import pytest
 from daemon.assemble import build_rulebook
 from daemon.core.diagnose import diagnose
 from daemon.core.model import KVPool, Snapshot, WindowTotals
+from daemon.core.names import SAMPLES
 from daemon.core.parse import parse_snapshot
 from daemon.core.window import Window
 from daemon.errors import ConfigError
 from daemon.fleet import PrometheusSource, shard_of
 from daemon.fleet_hardware import Card, HardwareResolver
-from daemon.fleet_queries import FIELD, QueryPlan, duration, names
+from daemon.fleet_queries import QueryPlan, duration, names
 from daemon.matchers import parse_matchers
 from daemon.notifier import Notifier
 from daemon.settings import Settings, load_settings
@@ -47,14 +47,23 @@ LLAMA_8B = {"parameters_billion": 8.03, "dtype": "bfloat16"}
 
 
 @functools.cache
-def recorded(scenario: str) -> tuple[Snapshot, ...]:
+def scrapes(scenario: str) -> tuple[tuple[float, str], ...]:
     """The scenario scraped every STEP seconds up to NOW."""
     return tuple(
-        parse_snapshot(body, at)
-        for at, body in record(
-            get_scenario(scenario), start_at=NOW - 400, interval_s=STEP, duration_s=400
-        )
+        record(get_scenario(scenario), start_at=NOW - 400, interval_s=STEP, duration_s=400)
     )
+
+
+@functools.cache
+def recorded(scenario: str) -> tuple[Snapshot, ...]:
+    return tuple(parse_snapshot(body, at) for at, body in scrapes(scenario))
+
+
+@functools.cache
+def exposed(scenario: str) -> frozenset[str]:
+    """The names the parser reads that the scenario's scrapes show."""
+    _, body = scrapes(scenario)[-1]
+    return frozenset(line.split("{")[0].split(" ")[0] for line in body.splitlines()) & set(SAMPLES)
 
 
 def window_at(scenario: str, at: float) -> Window:
@@ -76,7 +85,8 @@ def totals_at(scenario: str, at: float) -> tuple[tuple[WindowTotals, ...], KVPoo
 
 
 def _row(labels: dict[str, str], key: str, at: float, value: float) -> dict[str, Any]:
-    return {"metric": {**labels, FIELD: key}, "value": [at, repr(value)]}
+    """A row of the query for ``key`` (kept beside the row, for the fake to pick by)."""
+    return {"metric": dict(labels), "value": [at, repr(value)], "key": key}
 
 
 def model_rows(keys: set[str], labels: dict[str, str], t: WindowTotals) -> list[dict[str, Any]]:
@@ -115,18 +125,29 @@ def model_rows(keys: set[str], labels: dict[str, str], t: WindowTotals) -> list[
 
 class Fake:
     """What the query API knows: servers ({instance: scenario}), their extra labels and
-    DCGM cards ({instance: (card, gpus, dram activity)})."""
+    DCGM cards ({instance: (card, gpus, dram activity)}). It answers the fleet's own
+    queries (``learn`` maps each query's text to its key) with the rows Prometheus would
+    give, from the sidecar's window over the recordings."""
 
     def __init__(self) -> None:
         self.servers: dict[str, str] = {}
         self.labels: dict[str, dict[str, str]] = {}
         self.dcgm: dict[str, tuple[str, int, float]] = {}
         self.seen: list[dict[str, str]] = []
+        self.keys: dict[str, str] = {}
+        self.names_api = True
         self.status = 200
         self.raw: bytes | None = None
 
+    def names(self) -> frozenset[str]:
+        return frozenset().union(*(exposed(s) for s in self.servers.values()))
+
+    def learn(self, plan: QueryPlan) -> None:
+        for present in (None, self.names()):
+            self.keys.update({q.promql: q.key for q in plan.queries(present)})
+
     def answer(self, query: str, at: float) -> list[dict[str, Any]]:
-        keys = set(re.findall(rf'"{FIELD}", "([a-z_]+)"', query))
+        key = self.keys[query]
         rows: list[dict[str, Any]] = []
         for instance, scenario in self.servers.items():
             labels = {"job": "vllm", "instance": instance}
@@ -135,27 +156,38 @@ class Fake:
                 continue
             extra = self.labels.get(instance, {})
             for t in models:
-                for row in model_rows(keys, labels, t):
-                    if row["metric"][FIELD] == "engines":
+                for row in model_rows({key}, labels, t):
+                    if key == "engines":
                         row["metric"].update(extra)
                     rows.append(row)
-            if "pool" in keys and pool is not None:
+            if key == "pool" and pool is not None:
                 sizes = {"engine": "0", "block_size": str(pool.block_size)}
                 sizes["num_gpu_blocks"] = str(pool.num_gpu_blocks)
                 rows.append(_row({**labels, **sizes}, "pool", at, 1.0))
             if instance in self.dcgm and extra:
                 card, gpus, dram = self.dcgm[instance]
                 pod = {"namespace": extra["namespace"], "pod": extra["pod"]}
-                if "dcgm_gpus" in keys:
-                    rows.append(_row({**pod, "modelName": card}, "dcgm_gpus", at, float(gpus)))
-                if "dcgm_dram" in keys:
-                    rows.append(_row(pod, "dcgm_dram", at, dram))
+                if key == "dcgm_gpus":
+                    rows.append(_row({**pod, "modelName": card}, key, at, float(gpus)))
+                if key == "dcgm_dram":
+                    rows.append(_row(pod, key, at, dram))
         return rows
 
 
 @contextmanager
 def query_api(fake: Fake) -> Iterator[str]:
     class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            """The label values API: which names the fleet exposes."""
+            fake.seen.append({"names": self.path})
+            found = fake.names_api and self.path.startswith("/api/v1/label/__name__/values")
+            doc = {"status": "success", "data": sorted(fake.names())}
+            body = json.dumps(doc).encode() if found else b"404 page not found"
+            self.send_response(200 if found else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length", "0"))
             form = {k: v[0] for k, v in parse_qs(self.rfile.read(length).decode()).items()}
@@ -175,7 +207,11 @@ def query_api(fake: Fake) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler, bind_and_activate=False)
+    server.request_queue_size = 64  # the fleet sends a tick's queries at once
+    server.daemon_threads = True
+    server.server_bind()
+    server.server_activate()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -209,7 +245,11 @@ def warm(fake: Fake, times: list[float]) -> list[float]:
 
 
 def run_ticks(
-    settings: Settings, times: list[float], *, store: StateStore | None = None
+    settings: Settings,
+    times: list[float],
+    *,
+    fake: Fake | None = None,
+    store: StateStore | None = None,
 ) -> PrometheusSource:
     now = [times[0]]
 
@@ -219,6 +259,8 @@ def run_ticks(
             source = PrometheusSource(
                 settings, client=client, notifier=notifier, clock=lambda: now[0], store=store
             )
+            if fake is not None:
+                fake.learn(source.plan)
             for at in times:
                 now[0] = at
                 await source.tick()
@@ -237,19 +279,23 @@ class TestQueries:
             **extra,
         )
 
-    def test_a_few_queries_a_tick(self) -> None:
-        """Three bucket queries, totals, gauges, the pool, and DCGM's when enabled."""
-        assert [q.name for q in self.plan().queries()] == [
-            "ttft_buckets",
-            "itl_buckets",
-            "iteration_tokens_buckets",
-            "totals",
-            "gauges",
-            "pool",
-        ]
-        with_dcgm = self.plan(dcgm_selector="", dcgm_join=("namespace", "pod")).queries()
-        assert with_dcgm[-1].name == "dcgm"
-        assert "count by (namespace, pod, modelName)" in with_dcgm[-1].promql
+    def queries(self, present: frozenset[str] | None = None, **extra: Any) -> dict[str, str]:
+        return {q.key: q.promql for q in self.plan(**extra).queries(present)}
+
+    def test_one_query_per_signal(self) -> None:
+        """Buckets of the three latency histograms, every sum and count, the counters,
+        the gauges' statistics, engines, the pool; DCGM's two when it is on."""
+        keys = set(self.queries())
+        assert {"ttft_bucket", "itl_bucket", "iteration_tokens_bucket"} <= keys
+        assert {"queue_time_sum", "queue_time_count", "decode_time_sum"} <= keys
+        assert {"generation_tokens", "preemptions", "spec_drafts"} <= keys
+        assert {"running_mean", "waiting_min", "kv_usage_busy_mean", "engines", "pool"} <= keys
+        assert "requests_finished" not in keys and "dcgm_gpus" not in keys
+        dcgm = self.queries(dcgm_selector="", dcgm_join=("namespace", "pod"))
+        assert "count by (namespace, pod, modelName)" in dcgm["dcgm_gpus"]
+        assert (
+            "avg by (namespace, pod) (avg_over_time(DCGM_FI_PROF_DRAM_ACTIVE[" in dcgm["dcgm_dram"]
+        )
 
     def test_every_naming_era_newest_first(self) -> None:
         """The current name, then the V0 name, then Ray Serve's prefix, first wins."""
@@ -259,22 +305,38 @@ class TestQueries:
             "ray_vllm:inter_token_latency_seconds_bucket",
             "ray_vllm:time_per_output_token_seconds_bucket",
         ]
-        q = self.plan().buckets("itl").promql
+        q = self.queries()["itl_bucket"]
         first, second = q.index("vllm:inter_token"), q.index("vllm:time_per_output")
         assert first < second
         assert " or on (job, instance, model_name) " in q
         assert 'vllm:inter_token_latency_seconds_bucket{job="vllm", namespace=~"llm-.*"}' in q
         assert "sum by (job, instance, model_name, le) (increase(" in q
 
+    def test_only_the_names_the_fleet_exposes(self) -> None:
+        """A fleet on one vLLM version gets plain queries; a field it does not expose
+        (speculative decoding off) is not asked for."""
+        present = exposed("healthy")
+        q = self.queries(present)
+        assert q["itl_bucket"] == (
+            "sum by (job, instance, model_name, le) (increase(vllm:inter_token_latency_"
+            'seconds_bucket{job="vllm", namespace=~"llm-.*"}[60000ms]))'
+        )
+        assert all(" or " not in promql for promql in q.values())
+        assert "spec_drafts" not in q and "ttft_bucket" in q
+        assert len(q) < len(self.queries())
+
     def test_window_and_step_in_milliseconds(self) -> None:
         """Prometheus 2 takes no decimal seconds in a duration."""
         assert duration(12.5) == "12500ms"
-        q = self.plan().gauges().promql
-        assert "[60000ms:15000ms]" in q and "avg_over_time(vllm:num_requests_running" in q
+        q = self.queries()
+        assert "[60000ms:15000ms]" in q["running_max"]
+        assert "avg_over_time(vllm:num_requests_running" in q["running_mean"]
 
     def test_rule_and_join_labels_are_fetched(self) -> None:
-        q = self.plan(server_labels=("namespace", "pod", "instance")).gauges().promql
-        assert "count by (job, instance, model_name, namespace, pod) (last_over_time(" in q
+        q = self.queries(server_labels=("namespace", "pod", "instance"))["engines"]
+        assert q.startswith(
+            "(count by (job, instance, model_name, namespace, pod) (last_over_time("
+        )
 
 
 class TestMatchers:
@@ -432,7 +494,9 @@ class TestTicks:
         fake.servers = {"a:8000": "kv_pressure", "b:8000": "healthy", "c:8000": "queue_bound"}
         with query_api(fake) as url:
             settings = fleet_settings(url)
-            source = run_ticks(settings, warm(fake, [NOW - 4 * STEP + STEP * i for i in range(5)]))
+            source = run_ticks(
+                settings, warm(fake, [NOW - 4 * STEP + STEP * i for i in range(5)]), fake=fake
+            )
         assert set(source.watchers) == {"vllm/a:8000", "vllm/b:8000", "vllm/c:8000"}
         rulebook = build_rulebook(settings)
         for instance, scenario in fake.servers.items():
@@ -449,9 +513,12 @@ class TestTicks:
             "vllm/b:8000": [],
             "vllm/c:8000": ["queue_bound"],
         }
-        # Instant queries on the step grid, POSTed; the API counted as a target.
-        assert {float(f["time"]) % STEP for f in fake.seen} == {0.0}
-        assert len(fake.seen) == 5 * 7  # seven queries a tick, DCGM's included
+        # Instant queries on the step grid, POSTed, after one names call a tick; the
+        # query API counted as a target.
+        asked = [f for f in fake.seen if "time" in f]
+        assert {float(f["time"]) % STEP for f in asked} == {0.0}
+        assert len(fake.seen) == 5 * (len(source.queries) + 1)
+        assert {q.key for q in source.queries} >= {"dcgm_gpus", "ttft_bucket"}
         assert source.api.state.up and source.api.state.scrapes == 5
 
     def test_dcgm_gives_each_server_its_card_and_memory_activity(self) -> None:
@@ -467,7 +534,7 @@ class TestTicks:
         }
         with query_api(fake) as url:
             settings = fleet_settings(url, models={MODEL: LLAMA_8B})
-            source = run_ticks(settings, warm(fake, [NOW - STEP, NOW]))
+            source = run_ticks(settings, warm(fake, [NOW - STEP, NOW]), fake=fake)
         a, b = (source.watchers[f"vllm/{x}:8000"].state for x in "ab")
         assert a.ceiling is not None and b.ceiling is not None
         assert (a.ceiling.gpu, b.ceiling.gpu) == ("NVIDIA L40S", "2x NVIDIA H100 SXM")
@@ -483,7 +550,11 @@ class TestTicks:
         fake.servers = {f"s{i}:8000": "healthy" for i in range(12)}
         with query_api(fake) as url:
             shards = [
-                run_ticks(fleet_settings(url, shard={"index": k, "count": 2}), warm(fake, [NOW]))
+                run_ticks(
+                    fleet_settings(url, shard={"index": k, "count": 2}),
+                    warm(fake, [NOW]),
+                    fake=fake,
+                )
                 for k in (0, 1)
             ]
         first, second = (set(s.watchers) for s in shards)
@@ -511,6 +582,17 @@ class TestTicks:
         api = source.api.state
         assert not api.up and api.failures[reason] == 2 and not source.watchers
 
+    def test_without_the_names_api_every_naming_is_asked_for(self) -> None:
+        fake = Fake()
+        fake.servers, fake.names_api = {"a:8000": "queue_bound"}, False
+        with query_api(fake) as url:
+            source = run_ticks(fleet_settings(url), warm(fake, [NOW]), fake=fake)
+        assert source.present is None
+        assert any(" or on " in q.promql for q in source.queries)
+        st = source.watchers["vllm/a:8000"].state
+        assert st.view is not None
+        assert st.view.evaluation.signals[MODEL] == window_at("queue_bound", NOW).signals(MODEL)
+
     def test_a_dead_query_api_is_a_counted_failure(self) -> None:
         with query_api(Fake()) as url:
             pass  # closed again: connections are refused
@@ -526,13 +608,13 @@ class TestTicks:
         def with_nan(query: str, at: float) -> list[dict[str, Any]]:
             rows = answer(query, at)
             for row in rows:
-                if row["metric"][FIELD] == "waiting_mean":
+                if row["key"] == "waiting_mean":
                     row["value"] = [at, "NaN"]
             return rows
 
         fake.answer = with_nan
         with query_api(fake) as url:
-            source = run_ticks(fleet_settings(url), warm(fake, [NOW]))
+            source = run_ticks(fleet_settings(url), warm(fake, [NOW]), fake=fake)
         st = source.watchers["vllm/a:8000"].state
         assert st.series_problems == 1 and st.view is not None
         assert st.view.evaluation.signals[MODEL].waiting_mean is None
@@ -549,6 +631,7 @@ class TestTicks:
                     source = PrometheusSource(
                         settings, client=client, notifier=None, clock=lambda: next(times)
                     )
+                    fake.learn(source.plan)
                     await source.tick()
                     fake.servers.clear()
                     await source.tick()
@@ -558,7 +641,7 @@ class TestTicks:
             source = asyncio.run(go())
         state = source.watchers["vllm/a:8000"].state
         assert not state.up and state.failures["absent"] == 1
-        assert len(fake.seen) == 2 * 7
+        assert len([f for f in fake.seen if "names" in f]) == 2
 
     def test_a_shard_lets_go_of_restored_incidents_now_anothers(self, tmp_path: Path) -> None:
         """After the replica count changed, restored incidents of servers now owned by
@@ -570,14 +653,16 @@ class TestTicks:
             one = fleet_settings(url, top={"state_dir": str(tmp_path)})
             store = StateStore.open(tmp_path)
             assert store is not None
-            run_ticks(one, warm(fake, [NOW - 60 + STEP * i for i in range(13)]), store=store)
+            run_ticks(
+                one, warm(fake, [NOW - 60 + STEP * i for i in range(13)]), fake=fake, store=store
+            )
             store.close()
             store = StateStore.open(tmp_path)
             assert store is not None
             before = set(store.restored.incidents)
             assert len(before) == 6
             half = fleet_settings(url, shard={"index": 0, "count": 2})
-            source = run_ticks(half, warm(fake, [NOW + STEP]), store=store)
+            source = run_ticks(half, warm(fake, [NOW + STEP]), fake=fake, store=store)
             mine = {n for n in before if shard_of(n, 2) == 0}
             assert 0 < len(mine) < 6
             assert set(source.watchers) == mine
