@@ -244,22 +244,7 @@ class PrometheusSource:
             if present != self.present:
                 self.present = present
                 self.queries = self.plan.queries(present)
-            queries = self.queries
-            # A few at a time: the query API serves dashboards and rules too.
-            limit = asyncio.Semaphore(CONCURRENT_QUERIES)
-
-            async def limited(q: FleetQuery) -> bytes:
-                async with limit:
-                    return await self.query(q, at)
-
-            bodies = await asyncio.gather(*(limited(q) for q in queries))
-            self.last_bytes = sum(len(b) for b in bodies)
-            join = tuple(self.source.dcgm.join.values())
-            for i, q in enumerate(queries):
-                # One answer parsed at a time, each dropped once read: memory peaks at
-                # the largest parsed answer, not at all of them together.
-                fleet.read(q.key, self.rows(q, bodies[i]), join)
-                bodies[i] = b""
+            await self._read_all(fleet, at)
         except ScrapeError as exc:
             self.api.failed(exc.reason, str(exc))
             return
@@ -272,6 +257,29 @@ class PrometheusSource:
         if fleet.unusable:
             log.warning("fleet_rows_unusable", rows=fleet.unusable, of=fleet.rows)
         self._judge(fleet, at)
+
+    async def _read_all(self, fleet: Fleet, at: float) -> None:
+        """Every query of the tick, a few in flight at a time (the query API serves
+        dashboards and rules too), each answer read as it arrives while the others are
+        evaluated, and dropped once read: memory holds one parsed answer at a time."""
+        limit = asyncio.Semaphore(CONCURRENT_QUERIES)
+        join = tuple(self.source.dcgm.join.values())
+
+        async def one(q: FleetQuery) -> None:
+            async with limit:
+                body = await self.query(q, at)
+            # Read here, not handed back: a finished task keeps its result alive.
+            self.last_bytes += len(body)
+            fleet.read(q.key, self.rows(q, body), join)
+
+        tasks = [asyncio.create_task(one(q)) for q in self.queries]
+        self.last_bytes = 0
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def _judge(self, fleet: Fleet, at: float) -> None:
         window = self.settings.window_seconds

@@ -61,14 +61,6 @@ class Server:
         return sizes.pop() * blocks
 
 
-def _number(row: Row) -> float | None:
-    try:
-        value = float(row["value"][1])
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
 @dataclass(slots=True)
 class Fleet:
     """Every server the answers name, keyed by target name (``name_of`` its labels)."""
@@ -81,24 +73,39 @@ class Fleet:
     #: Rows read, and rows without a label set (not an instant query's shape).
     rows: int = 0
     unusable: int = 0
+    #: Servers by the values of their identity labels (each name is built once).
+    by_ident: dict[tuple[str | None, ...], Server] = field(default_factory=dict, repr=False)
 
     def _server(self, labels: Mapping[str, str]) -> Server:
-        name = self.name_of(labels)
-        server = self.servers.get(name)
+        ident = tuple(map(labels.get, self.identity))  # None for a missing label
+        server = self.by_ident.get(ident)
         if server is None:
-            ident = {k: labels.get(k, "") for k in self.identity}
-            server = self.servers[name] = Server(name, ident)
+            name = self.name_of(labels)
+            server = self.servers.get(name)
+            if server is None:
+                own = {k: labels.get(k, "") for k in self.identity}
+                server = self.servers[name] = Server(name, own)
+            self.by_ident[ident] = server
         return server
 
     def read(self, key: str, rows: Iterable[Row], dcgm_join: tuple[str, ...] = ()) -> None:
-        """Take in the rows (``data.result``) of the instant query for ``key``."""
+        """Take in the rows (``data.result``) of the instant query for ``key``.
+
+        The hot loop of a tick (rows = servers x signals): the kind of row is decided
+        once per query, not per row."""
+        bucket = key.removesuffix("_bucket") if key.endswith("_bucket") else None
         for row in rows:
             self.rows += 1
-            metric = row.get("metric")
+            metric = row.get("metric") if isinstance(row, dict) else None
             if not isinstance(metric, dict):
                 self.unusable += 1
                 continue
-            value = _number(row)
+            try:
+                value: float | None = float(row["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError):
+                value = None
+            if value is not None and not math.isfinite(value):
+                value = None
             if key.startswith("dcgm_"):
                 self._dcgm(key, metric, value, dcgm_join)
                 continue
@@ -109,14 +116,20 @@ class Fleet:
             if key == "pool":
                 self._pool(server, metric)
                 continue
-            model = server.models.setdefault(metric.get("model_name", ""), _Model())
-            if key.endswith("_bucket"):
+            name = metric.get("model_name", "")
+            model = server.models.get(name)
+            if model is None:
+                model = server.models[name] = _Model()
+            if bucket is not None:
                 try:
                     le = float(metric["le"])
                 except (KeyError, ValueError):
                     server.problems.append(f"{key}: a bucket without a numeric le; left out")
                     continue
-                model.buckets.setdefault(key.removesuffix("_bucket"), []).append((le, value))
+                found = model.buckets.get(bucket)
+                if found is None:
+                    found = model.buckets[bucket] = []
+                found.append((le, value))
             elif key == "engines":
                 model.engines += int(value)
                 for k, v in metric.items():
