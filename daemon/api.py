@@ -1,5 +1,10 @@
 """``/api/v1/diagnoses``: the current state per target and model, with the evidence, as JSON.
 
+Every time in the document is ISO 8601 in UTC with milliseconds (``2026-01-01T00:04:05.000Z``):
+when it was generated, scraped and evaluated, when incidents and transitions started and
+happened, and the signals' ``at``. (``replay`` and ``check`` keep unix seconds in their
+``at``: a recording's file names are unix milliseconds.)
+
 Pure: built from the watchers' published state, so a test can check it without HTTP.
 """
 
@@ -10,7 +15,10 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from daemon.core.model import Transition
 from daemon.core.report import diagnosis_dict, iso, transition_dict
+from daemon.probe import ProbeStats
+from daemon.redact import safe_url
 from daemon.state import TargetState
 
 
@@ -25,6 +33,28 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def probe_json(p: ProbeStats) -> dict[str, Any]:
+    return {
+        "url": safe_url(p.url),
+        "probes": p.probes,
+        "failures": dict(p.failures),
+        "in_flight": p.in_flight,
+        "last_at": None if p.last_at is None else iso(p.last_at),
+        "last_seconds": p.last_seconds,
+        "last_reason": p.last_reason,
+        "unanswered_since": None if p.unanswered_since is None else iso(p.unanswered_since),
+    }
+
+
+def _transition(tr: Transition, target: str) -> dict[str, Any]:
+    """A transition with its times in the document's one style."""
+    return {
+        **transition_dict(tr, target=target),
+        "at": iso(tr.at),
+        "started_at": iso(tr.started_at),
+    }
+
+
 def target_json(t: TargetState) -> dict[str, Any]:
     out: dict[str, Any] = {
         "target": t.name,
@@ -36,9 +66,10 @@ def target_json(t: TargetState) -> dict[str, Any]:
         "last_scrape_at": None if t.last_scrape_at is None else iso(t.last_scrape_at),
         "last_success_at": None if t.last_success_at is None else iso(t.last_success_at),
         "ceiling": dataclasses.asdict(t.ceiling) if t.ceiling else None,
+        "probe": probe_json(t.probe) if t.probe is not None else None,
         "models": [],
         # A copy first: the event loop may append while this (HTTP) thread reads.
-        "recent_transitions": [transition_dict(tr, target=t.name) for tr in list(t.recent)],
+        "recent_transitions": [_transition(tr, t.name) for tr in list(t.recent)],
     }
     view = t.view
     if view is None:
@@ -56,7 +87,10 @@ def target_json(t: TargetState) -> dict[str, Any]:
                 "incident_started_at": iso(incident.started_at) if incident else None,
                 "current_cause": d.cause,
                 **diagnosis_dict(d),
-                "signals": dataclasses.asdict(ev.signals[model]),
+                "signals": {
+                    **dataclasses.asdict(ev.signals[model]),
+                    "at": iso(ev.signals[model].at),
+                },
             }
         )
     return _finite(out)  # type: ignore[no-any-return]

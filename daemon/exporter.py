@@ -26,7 +26,7 @@ from daemon.state import TargetState
 
 P = "vllm_triage_"
 DIAGNOSES = ("healthy", *CAUSES)
-BREACHES = ("ttft_p99", "itl_p99", "waiting", "kv_preemptions")
+BREACHES = ("ttft_p99", "itl_p99", "waiting", "kv_preemptions", "no_progress")
 MODEL = ("target", "model_name")
 #: ``decode_step_bytes``'s ``part`` label and the evidence each comes from.
 ROOFLINE_PARTS = (
@@ -167,6 +167,17 @@ _SIGNALS: tuple[tuple[str, str, Callable[[Signals, Diagnosis], float | None]], .
         "Tokens generated per second over the window.",
         lambda s, d: s.generation_tokens_per_second,
     ),
+    (
+        "no_progress_seconds",
+        "Seconds the engine has had requests outstanding (or a probe unanswered) without "
+        "any progress: no token, no step, no gauge moving. 0 while it steps or idles.",
+        lambda s, d: s.progress.seconds_without_progress if s.progress else None,
+    ),
+    (
+        "last_progress_timestamp_seconds",
+        "Unix time of the last scrape at which the engine had made progress.",
+        lambda s, d: s.progress.last_progress_at if s.progress else None,
+    ),
 )
 
 
@@ -187,6 +198,7 @@ class TriageCollector(Collector):
         yield from self._signals(targets)
         yield from self._decode_roofline(targets)
         yield from self._diagnoses(targets)
+        yield from self._probes(targets)
         yield from self._notifications()
         info = GaugeMetricFamily(
             P + "build_info", "vllm-triage's version.", labels=("version", "python_version")
@@ -323,6 +335,32 @@ class TriageCollector(Collector):
             for (model, cause), n in sorted(t.incidents_opened.items()):
                 opened.add_metric((t.name, model, cause), n)
         yield from (state, breach, opened)
+
+    def _probes(self, targets: list[TargetState]) -> Iterator[Metric]:
+        """Only targets with a probe enabled appear here."""
+        label = ("target",)
+        seconds = GaugeMetricFamily(
+            P + "probe_seconds",
+            "How long the last finished probe took (to its answer, or to its deadline).",
+            labels=label,
+        )
+        probes = CounterMetricFamily(P + "probes", "Probes sent.", labels=label)
+        failures = CounterMetricFamily(
+            P + "probe_failures",
+            "Probes that failed, by reason (timeout, connect, http_status, http_error, "
+            "bad_response).",
+            labels=("target", "reason"),
+        )
+        for t in targets:
+            p = t.probe
+            if p is None:
+                continue
+            probes.add_metric((t.name,), p.probes)
+            for reason, n in sorted(p.failures.items()):
+                failures.add_metric((t.name, reason), n)
+            if p.last_seconds is not None:
+                seconds.add_metric((t.name,), p.last_seconds)
+        yield from (seconds, probes, failures)
 
     def _notifications(self) -> Iterator[Metric]:
         label = ("receiver",)

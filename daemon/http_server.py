@@ -7,8 +7,14 @@
                             before and while shutting down. Never tied to a target
                             being up: a sidecar must not hold its pod out of service.
     GET /api/v1/diagnoses   JSON state per target and model (``?target=NAME`` filters)
+    GET /api/v1/series      the status page's document: each target's last hour of
+                            evaluations, its incidents and transitions (``daemon.pagedata``)
+    GET /                   the status page (``daemon/page/``): the same panels as a
+                            report, fed by /api/v1/series, reloading itself
 
-Anything but GET on a route is 405; unknown paths are 404.
+Anything but GET on a route is 405; unknown paths are 404. The page runs only its own
+scripts and connects only to this origin (Content-Security-Policy); it shows no target's
+credentials or query string, and no receiver at all.
 """
 
 from __future__ import annotations
@@ -28,18 +34,23 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import CollectorRegistry
 
 from daemon.api import diagnoses_json
+from daemon.page.render import content_security_policy, status_page
+from daemon.page.spec import load_spec
+from daemon.pagedata import live_document
 from daemon.state import TargetState
 
 log = structlog.get_logger("vllm_triage.http")
 
 StartResponse = Callable[..., Any]
-ROUTES = ("/", "/metrics", "/healthz", "/readyz", "/api/v1/diagnoses")
-INDEX = b"""vllm-triage
-  /metrics            derived metrics for Prometheus
-  /healthz            liveness
-  /readyz             readiness
-  /api/v1/diagnoses   current diagnosis per target and model (JSON)
-"""
+ROUTES = ("/", "/metrics", "/healthz", "/readyz", "/api/v1/diagnoses", "/api/v1/series")
+SeriesDocument = Callable[[float], dict[str, Any]]
+#: Headers of the status page: its own scripts only, no framing, no sniffing, no caching.
+PAGE_HEADERS = (
+    ("X-Content-Type-Options", "nosniff"),
+    ("X-Frame-Options", "DENY"),
+    ("Referrer-Policy", "no-referrer"),
+    ("Cache-Control", "no-store"),
+)
 
 
 class Endpoints:
@@ -51,11 +62,23 @@ class Endpoints:
         targets: Callable[[], Sequence[TargetState]],
         ready: Callable[[], bool],
         clock: Callable[[], float] = time.time,
+        series: SeriesDocument | None = None,
     ) -> None:
         self._metrics = make_wsgi_app(registry)
         self._targets = targets
         self._ready = ready
         self._clock = clock
+        self._series = series or (lambda now: live_document(self._targets(), now=now))
+        spec = load_spec()
+        self._page = status_page(
+            source="api/v1/series",
+            refresh_seconds=spec.refresh_seconds,
+            routes=[r for r in ROUTES if r != "/"],
+        ).encode("utf-8")
+        self._page_headers = [
+            ("Content-Security-Policy", content_security_policy(live=True)),
+            *PAGE_HEADERS,
+        ]
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "/")
@@ -80,10 +103,28 @@ class Endpoints:
         if path == "/api/v1/diagnoses":
             query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
             only = query.get("target", [None])[0]
-            doc = diagnoses_json(self._targets(), now=self._clock(), only=only)
+            targets = self._targets()
+            if only is not None and all(t.name != only for t in targets):
+                # An unknown target is not "no incidents": say so, with the names there are.
+                known = sorted(t.name for t in targets)
+                error = {"error": f"no target named {only!r}", "targets": known}
+                body = json.dumps(error, indent=2).encode("utf-8") + b"\n"
+                return _reply(start_response, "404 Not Found", body, ctype="application/json")
+            doc = diagnoses_json(targets, now=self._clock(), only=only)
             body = json.dumps(doc, indent=2, allow_nan=False).encode("utf-8") + b"\n"
             return _reply(start_response, "200 OK", body, ctype="application/json")
-        return _reply(start_response, "200 OK", INDEX)
+        if path == "/api/v1/series":
+            body = json.dumps(self._series(self._clock()), allow_nan=False).encode("utf-8")
+            return _reply(
+                start_response, "200 OK", body, ctype="application/json", extra=PAGE_HEADERS
+            )
+        return _reply(
+            start_response,
+            "200 OK",
+            self._page,
+            ctype="text/html; charset=utf-8",
+            extra=self._page_headers,
+        )
 
 
 def _reply(

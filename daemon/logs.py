@@ -1,21 +1,95 @@
 """structlog set-up: JSON lines when stderr is not a terminal (containers, CI), readable
 columns when it is. Logs go to stderr so that stdout stays clean for command output
-(``replay --format json`` pipes into ``jq``)."""
+(``replay --format json`` pipes into ``jq``).
+
+On the console an incident reads as people read one: a headline (FIRING or RESOLVED, the
+cause, the target and model, the one-line summary), then its numbers as ``key=value``
+lines, wrapped. JSON lines carry the same fields as always. Colour only on a terminal,
+and never when ``NO_COLOR`` is set (https://no-color.org).
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import textwrap
+from collections.abc import Mapping, MutableMapping
+from typing import Any, TextIO
 
 import structlog
 
+#: The events ``watcher`` logs for incident transitions.
+INCIDENT_EVENTS = frozenset({"incident_firing", "incident_resolved"})
+WIDTH = 100
+RED, GREEN, BOLD, RESET = "\x1b[31m", "\x1b[32m", "\x1b[1m", "\x1b[0m"
 
-def configure(level: str = "info", *, json: bool | None = None) -> None:
-    use_json = not sys.stderr.isatty() if json is None else json
+
+def use_color(stream: TextIO) -> bool:
+    """Colour for a terminal, unless the user said NO_COLOR (any non-empty value)."""
+    return stream.isatty() and not os.environ.get("NO_COLOR")
+
+
+def _value(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def key_values(fields: Mapping[str, Any], *, indent: str = "    ") -> list[str]:
+    """``key=value`` pairs, wrapped to lines of at most ``WIDTH`` characters."""
+    pairs = " ".join(f"{k}={_value(v)}" for k, v in fields.items() if v is not None)
+    if not pairs:
+        return []
+    return textwrap.wrap(
+        pairs,
+        width=WIDTH,
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
+class ConsoleWithIncidents:
+    """structlog's console renderer, except for incident transitions (see the module)."""
+
+    def __init__(self, *, colors: bool) -> None:
+        self.colors = colors
+        self.inner = structlog.dev.ConsoleRenderer(colors=colors)
+
+    def _paint(self, text: str, color: str) -> str:
+        return f"{BOLD}{color}{text}{RESET}" if self.colors else text
+
+    def __call__(self, logger: Any, name: str, event_dict: MutableMapping[str, Any]) -> str:
+        if event_dict.get("event") not in INCIDENT_EVENTS:
+            return str(self.inner(logger, name, event_dict))
+        fields = dict(event_dict)
+        firing = fields.pop("event") == "incident_firing"
+        word = self._paint("FIRING  ", RED) if firing else self._paint("RESOLVED", GREEN)
+        when = fields.pop("timestamp", "")
+        level = fields.pop("level", "info")
+        cause = fields.pop("diagnosis", "?")
+        target = fields.pop("target", "?")
+        model = fields.pop("model_name", "") or "(no model_name)"
+        summary = fields.pop("summary", "") or ""
+        evidence = fields.pop("evidence", None) or {}
+        if not firing:  # a resolved incident's confidence is that of a clear evaluation
+            fields.pop("confidence", None)
+        head = f"{when} [{level:<7}] {word} {cause} on {target} ({model})"
+        lines = [f"{head}: {summary}" if firing and summary else head]
+        lines.extend(key_values(fields))
+        lines.extend(key_values(evidence))
+        return "\n".join(lines)
+
+
+def configure(
+    level: str = "info", *, json: bool | None = None, stream: TextIO | None = None
+) -> None:
+    out = stream or sys.stderr
+    use_json = not out.isatty() if json is None else json
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if use_json
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        else ConsoleWithIncidents(colors=use_color(out))
     )
     structlog.configure(
         processors=[
@@ -27,6 +101,9 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
+    # APScheduler warns through the standard library when a scrape tick is skipped; the
+    # daemon counts and logs those itself (scrape_skipped), so only its errors are shown.
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)

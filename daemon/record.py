@@ -18,7 +18,7 @@ import structlog
 from daemon.core.parse import SnapshotParser
 from daemon.errors import ParseError, ScrapeError
 from daemon.recording import write_atomically
-from daemon.scrape import DEFAULT_MAX_BODY_BYTES, fetch
+from daemon.scrape import DEFAULT_MAX_BODY_BYTES, fetch, not_metrics_hint
 
 log = structlog.get_logger("vllm_triage.record")
 
@@ -29,6 +29,8 @@ class RecordStats:
     written: int = 0
     failed: int = 0
     unparseable: int = 0
+    #: The latest failed scrape or unreadable body, said as a user reads it (with a hint).
+    last_error: str = ""
 
 
 def record(
@@ -70,6 +72,7 @@ def record(
                 body = fetch(http, url, timeout=scrape_timeout, max_body_bytes=max_body_bytes)
             except ScrapeError as exc:
                 stats.failed += 1
+                stats.last_error = str(exc)
                 log.warning("scrape_failed", url=url, err=str(exc))
             else:
                 at_ms = int(at * 1000)
@@ -80,7 +83,8 @@ def record(
                 except ParseError as exc:
                     # Kept anyway: the recording is the raw truth, replay reports it too.
                     stats.unparseable += 1
-                    log.warning("recorded_unparseable", path=str(path), err=str(exc))
+                    stats.last_error = not_metrics_hint(url, exc)
+                    log.warning("recorded_unparseable", path=str(path), err=stats.last_error)
             # Skip ticks that a slow scrape overran rather than firing them back to back.
             next_tick += interval
             behind = clock() - next_tick

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from daemon.core.evaluate import Evaluation, Evaluator
+from daemon.core.model import Snapshot
 from daemon.core.parse import SnapshotParser
 from daemon.errors import ParseError
 from daemon.recording import recording_files
@@ -27,6 +28,12 @@ class Skipped:
 
 def replay(directory: str | Path, evaluator: Evaluator) -> Iterator[Evaluation | Skipped]:
     """Run the core over a recording; yields one item per file."""
+    for item in snapshots(directory):
+        yield item if isinstance(item, Skipped) else evaluator.step(item)
+
+
+def snapshots(directory: str | Path) -> Iterator[Snapshot | Skipped]:
+    """A recording's files parsed, in order: one snapshot (or why not) per file."""
     parser = SnapshotParser()
     for at, path in recording_files(directory):
         try:
@@ -35,8 +42,6 @@ def replay(directory: str | Path, evaluator: Evaluator) -> Iterator[Evaluation |
             yield Skipped(path, at, f"cannot read: {exc.strerror or exc}")
             continue
         try:
-            snapshot = parser.parse_bytes(body, at)
+            yield parser.parse_bytes(body, at)
         except ParseError as exc:
             yield Skipped(path, at, str(exc))
-            continue
-        yield evaluator.step(snapshot)

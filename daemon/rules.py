@@ -24,9 +24,17 @@ def bundled_path(name: str) -> str:
 
 
 def read_yaml_text(text: str, *, source: str) -> Any:
-    """Parse YAML text; a syntax error becomes a ``ConfigError`` naming ``source``."""
+    """Parse YAML text; a syntax error becomes a ``ConfigError`` naming ``source`` and the
+    line (PyYAML would say ``<unicode string>``: it was handed the text, not the file)."""
     try:
         return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark, start = exc.problem_mark, exc.context_mark
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = exc.problem or "a syntax error"
+        if exc.context and start is not None:
+            what += f" ({exc.context} at line {start.line + 1}, column {start.column + 1})"
+        raise ConfigError(f"{source}{where}: not valid YAML: {what}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
 

@@ -11,15 +11,34 @@ outlast it.
 from __future__ import annotations
 
 import asyncio
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from daemon.errors import ScrapeError
+from daemon.errors import ParseError, ScrapeError
 
 #: vLLM serves the classic text format; prometheus_client's OpenMetrics output would
 #: garble names with colons, so ask for 0.0.4 explicitly.
 ACCEPT = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def metrics_url_hint(url: str) -> str:
+    """What to try when ``url`` is not vLLM's metrics page: most often the path is missing
+    (``http://host:8000``) or names another page (``/healthz``)."""
+    parts = urlsplit(url)
+    if parts.path.rstrip("/").endswith("/metrics"):
+        return "is this the vLLM server's /metrics endpoint?"
+    fixed = urlunsplit((parts.scheme, parts.netloc, "/metrics", "", ""))
+    return f"vLLM serves its metrics at /metrics: try {fixed}"
+
+
+def not_metrics_hint(url: str, exc: ParseError) -> str:
+    """A parse error as a user reads it: a body that is not metrics at all (its first line
+    is not a sample: a health check's ``ok``, an HTML page) gets the URL hint."""
+    if exc.line == 1:
+        return f"{url} did not answer with Prometheus metrics ({exc}): {metrics_url_hint(url)}"
+    return f"unreadable /metrics from {url}: {exc}"
 
 
 def request_headers(headers: dict[str, str] | None) -> dict[str, str]:
@@ -38,7 +57,8 @@ class BodyLimit:
     def of(cls, resp: httpx.Response, url: str, max_bytes: int) -> BodyLimit:
         """A limit for ``resp``'s body, once its status says there is a body to read."""
         if resp.status_code // 100 != 2:
-            raise ScrapeError(f"HTTP {resp.status_code} from {url}", reason="http_status")
+            hint = f": {metrics_url_hint(url)}" if resp.status_code == 404 else ""
+            raise ScrapeError(f"HTTP {resp.status_code} from {url}{hint}", reason="http_status")
         return cls(max_bytes, url)
 
     def add(self, chunk: bytes) -> None:

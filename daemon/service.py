@@ -42,6 +42,7 @@ from daemon.exporter import build_registry
 from daemon.fleet import PrometheusSource
 from daemon.http_server import Endpoints, HttpServer
 from daemon.notifier import Notifier
+from daemon.pagedata import live_document
 from daemon.settings import Settings
 from daemon.state import TargetState
 from daemon.store import StateStore
@@ -115,6 +116,7 @@ class Daemon:
             self.target_states,
             lambda: self.ready,
             clock,
+            series=lambda now: live_document(self.target_states(), now=now, settings=settings),
         )
         self.http = HttpServer(settings.listen, endpoints)
         state_dir = settings.state_path(default_state_dir)
@@ -200,6 +202,17 @@ class Daemon:
                 f"scrape:{w.state.name}",
                 first=now + timedelta(seconds=s.interval_seconds * i / n),
             )
+        probers = [w.prober for w in self.watchers if w.prober is not None]
+        for i, p in enumerate(probers):
+            # Spread like the scrapes; the first probe goes one interval after start,
+            # once a scrape has said which model the server serves.
+            _every(
+                scheduler,
+                p.run,
+                p.settings.interval_seconds,
+                f"probe:{p.target}",
+                first=now + timedelta(seconds=p.settings.interval_seconds * (1 + i / len(probers))),
+            )
         if self.fleet is not None:
             _every(scheduler, self.fleet.tick, s.interval_seconds, "scrape:prometheus", first=now)
         _every(scheduler, lambda: self.notifier.tick(self.clock()), NOTIFIER_TICK_S, "notifier")
@@ -229,6 +242,9 @@ class Daemon:
         self.ready = False
         log.info("stopping", grace_s=self.settings.shutdown_grace_seconds)
         scheduler.shutdown(wait=False)
+        for w in self.watchers:
+            if w.prober is not None:
+                w.prober.cancel()  # nobody waits for a probe's answer at shutdown
         # Let scrapes the scheduler had just submitted start, so they are waited for
         # below rather than cancelled unstarted (which the scheduler logs as a crash).
         for _ in range(3):

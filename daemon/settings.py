@@ -8,19 +8,24 @@ every error names the key (and the file) that is wrong.
 
 from __future__ import annotations
 
+import difflib
+import os
+import types
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic.fields import FieldInfo
@@ -31,6 +36,8 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from daemon.ceiling.gpus import find_gpu
+from daemon.ceiling.sizing import bytes_per_param
 from daemon.errors import ConfigError
 from daemon.matchers import parse_matchers
 from daemon.rules import read_bundled, read_file
@@ -61,6 +68,7 @@ class ThresholdSettings(BaseModel):
     itl_spike_ratio: float = Field(gt=1)
     near_ceiling_ratio: float = Field(gt=0, le=1)
     roofline_impossible_ratio: float = Field(gt=1)
+    stall_after_seconds: float = Field(gt=0)
     dram_active_busy: float = Field(gt=0, le=1)
 
 
@@ -71,6 +79,17 @@ class HardwareSettings(BaseModel):
     tensor_parallel_size: int = Field(default=1, ge=1)
     achievable_fraction: float = Field(default=1.0, gt=0, le=1)
     compute_tflops: float | None = Field(default=None, gt=0)
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, name: str | None) -> str | None:
+        # Checked here, so an unknown card is one more line of the same error list.
+        if name is not None:
+            try:
+                find_gpu(name)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return name
 
 
 class ModelSettings(BaseModel):
@@ -85,6 +104,16 @@ class ModelSettings(BaseModel):
     draft_dtype: str | None = None
     draft_kv_bytes_per_token: float | None = Field(default=None, ge=0)
 
+    @field_validator("dtype", "kv_cache_dtype")
+    @classmethod
+    def _known_dtype(cls, name: str | None) -> str | None:
+        if name is not None and name.strip().lower() != "auto":
+            try:
+                bytes_per_param(name)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return name
+
     @model_validator(mode="after")
     def _one_size(self) -> ModelSettings:
         if self.parameters_billion is not None and self.config_json is not None:
@@ -96,6 +125,15 @@ class ModelSettings(BaseModel):
         ):
             raise ValueError("active_parameters_billion exceeds parameters_billion")
         return self
+
+
+def _not_a_bare_port(value: Any) -> Any:
+    """``listen: 9468`` in YAML is a number: say what an address looks like."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        raise ValueError(
+            f"expected host:port, e.g. 0.0.0.0:{value} (a port alone is not an address)"
+        )
+    return value
 
 
 def _host_port(text: str) -> str:
@@ -122,7 +160,7 @@ def _secret_http_url(secret: SecretStr) -> SecretStr:
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 #: A receiver's URL is a secret: a Slack incoming-webhook URL is its own credential.
 SecretHttpUrl = Annotated[SecretStr, AfterValidator(_secret_http_url)]
-ListenAddress = Annotated[str, AfterValidator(_host_port)]
+ListenAddress = Annotated[str, BeforeValidator(_not_a_bare_port), AfterValidator(_host_port)]
 #: Target and receiver names become label values and log fields: keep them plain.
 Name = Annotated[
     str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/@-]*$")
@@ -151,13 +189,57 @@ class HttpAuth(BaseModel):
         return self
 
 
+class ProbeSettings(BaseModel):
+    """The active probe of one target (``daemon/probe.py``), off unless ``enabled``.
+
+    Every ``interval_seconds`` a one-token completion goes to the server's OpenAI API
+    (``url``, default: the target's address with the path ``/v1/completions``), one at a
+    time, for ``model`` (default: the ``model_name`` its /metrics shows), marked with
+    ``user`` and an ``X-Request-Id`` of ``<user>-<n>``. It gives up after
+    ``timeout_seconds``. A probe left unanswered while the engine makes no progress is
+    evidence of a stall, including the one metrics cannot show: a hung engine whose
+    gauges say it is idle. The target's credentials are sent with it.
+    """
+
+    model_config = _FROZEN
+    enabled: bool = False
+    interval_seconds: float = Field(default=30.0, gt=0)
+    timeout_seconds: float = Field(default=30.0, gt=0)
+    url: HttpUrl | None = None
+    model: str | None = Field(default=None, min_length=1)
+    user: str = Field(default="vllm-triage-probe", min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
+
+
+def target_name(url: str) -> str:
+    """The name a target gets when none is given: its host and port, as ``--target URL``
+    names it (never the user:password part of a URL)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    host = parts.hostname or ""
+    return f"{host}:{port}" if port else host
+
+
 class TargetSettings(HttpAuth):
-    """One vLLM server to watch. ``hardware`` and ``model`` replace the top-level ones."""
+    """One vLLM server to watch. ``hardware`` and ``model`` replace the top-level ones;
+    ``name`` defaults to the URL's host:port."""
 
     name: Name
     url: HttpUrl
     hardware: HardwareSettings | None = None
     model: ModelSettings | None = None
+    probe: ProbeSettings = ProbeSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "name" not in data and isinstance(data.get("url"), str):
+            derived = target_name(data["url"])
+            if derived:
+                return {**data, "name": derived}
+        return data
 
 
 LabelName = Annotated[str, Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")]
@@ -418,6 +500,34 @@ def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str
 _SECRET_KEYS = frozenset({"bearer_token", "password", "hmac_secret", "headers"})
 
 
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The settings model an annotation holds (``X``, ``X | None``, ``list[X]``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) in (Union, types.UnionType, list, Annotated):
+        for arg in get_args(annotation):
+            found = _model_of(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _keys_at(loc: tuple[int | str, ...]) -> list[str]:
+    """The keys the settings model at ``loc`` accepts (list indices skipped)."""
+    model: type[BaseModel] | None = Settings
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        field = model.model_fields.get(part)
+        model = _model_of(field.annotation) if field is not None else None
+    return list(model.model_fields) if model is not None else []
+
+
+def _did_you_mean(word: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
 def _describe(exc: ValidationError, source: str) -> str:
     lines = [f"invalid settings ({source}):"]
     for err in exc.errors():
@@ -428,10 +538,48 @@ def _describe(exc: ValidationError, source: str) -> str:
         )
         # An unknown key may be a misspelt secret ("bearer-token"): never echo its value.
         hidden = isinstance(got, dict) or got is None or secret or err["type"] == "extra_forbidden"
-        shown = "" if hidden else f" (got {got!r})"
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            *where, last = err["loc"]
+            msg = "unknown key" + _did_you_mean(str(last), _keys_at(tuple(where)))
+        # A message that already quotes the value does not repeat it.
+        shown = "" if hidden or repr(got) in msg or str(got) in msg else f" (got {got!r})"
         lines.append(f"  {key}: {msg}{shown}")
     return "\n".join(lines)
+
+
+def _env_names(model: type[BaseModel], prefix: str) -> tuple[set[str], set[str]]:
+    """The ``VLLM_TRIAGE_*`` names ``model`` reads (nested sections with ``__``), and the
+    prefixes under which any name is read (a mapping's keys, e.g. ``headers``)."""
+    names: set[str] = set()
+    open_prefixes: set[str] = set()
+    for field_name, field in model.model_fields.items():
+        name = f"{prefix}{field_name.upper()}"
+        names.add(name)
+        nested = _model_of(field.annotation)
+        if nested is not None and get_origin(field.annotation) is not list:
+            inner, opened = _env_names(nested, f"{name}__")
+            names |= inner
+            open_prefixes |= opened
+        elif get_origin(field.annotation) is dict:
+            open_prefixes.add(f"{name}__")
+    return names, open_prefixes
+
+
+def unknown_environment() -> list[str]:
+    """One line per ``VLLM_TRIAGE_*`` variable no setting reads, with a did-you-mean:
+    refused, because a misspelt variable would silently change nothing."""
+    prefix = "VLLM_TRIAGE_"
+    names, open_prefixes = _env_names(Settings, prefix)
+    out = []
+    for var in sorted(os.environ):
+        upper = var.upper()
+        if not upper.startswith(prefix) or upper in names:
+            continue
+        if any(upper.startswith(p) for p in open_prefixes):
+            continue
+        out.append(f"  {var}: unknown variable" + _did_you_mean(upper, sorted(names)))
+    return out
 
 
 def _resolve_config_json(section: Mapping[str, Any], folder: Path) -> dict[str, Any]:
@@ -467,14 +615,19 @@ def _resolve_fleet_config_json(user: Mapping[str, Any], folder: Path) -> dict[st
 
 
 def load_settings(
-    config: str | Path | None = None, flags: Mapping[str, Any] | None = None
+    config: str | Path | None = None,
+    flags: Mapping[str, Any] | None = None,
+    *,
+    base: Mapping[str, Any] | None = None,
 ) -> Settings:
     """Defaults from ``rules/``, the user's YAML file on top, then ``VLLM_TRIAGE_*``,
     then ``flags`` (top-level keys from the command line).
 
-    A relative ``model.config_json`` is resolved against the config file's folder.
+    ``base`` replaces defaults under everything the user gives (the demo's scenarios
+    bring their own SLOs this way). A relative ``model.config_json`` is resolved against
+    the config file's folder.
     """
-    merged: dict[str, Any] = read_bundled("defaults.yaml")
+    merged: dict[str, Any] = deep_merge(read_bundled("defaults.yaml"), base or {})
     source = "rules/defaults.yaml and VLLM_TRIAGE_* variables"
     if config is not None:
         user = read_file(config)
@@ -497,6 +650,12 @@ def load_settings(
         source = f"{config} over rules/defaults.yaml, and VLLM_TRIAGE_* variables"
     if flags:
         source += ", and command-line flags"
+    unknown = unknown_environment()
+    if unknown:
+        raise ConfigError(
+            "unknown VLLM_TRIAGE_* environment variables (no setting reads them):\n"
+            + "\n".join(unknown)
+        )
     token = _flags.set(dict(flags or {}))
     try:
         return Settings(**merged)

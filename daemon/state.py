@@ -8,12 +8,15 @@ reads it without a lock: swapping one reference is atomic, and a view is never m
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from daemon.core.evaluate import Evaluation
 from daemon.core.incidents import Active, State
 from daemon.core.model import Cause, Transition
 from daemon.core.rulebook import Ceiling
+from daemon.history import History
+from daemon.probe import ProbeStats
 
 RECENT_TRANSITIONS = 20
 
@@ -25,6 +28,10 @@ class View:
     evaluation: Evaluation
     states: dict[str, State]
     active: tuple[Active, ...]
+    #: Per model whose incident is resolving: consecutive clear evaluations so far, of
+    #: ``resolve_after`` needed (the view shows "clearing, 2 of 3").
+    clear_runs: Mapping[str, int] = field(default_factory=dict)
+    resolve_after: int = 0
 
 
 @dataclass(slots=True)
@@ -48,6 +55,10 @@ class TargetState:
     #: model_name values left out because the target exposed too many.
     models_dropped: int = 0
     recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))
+    #: The active probe's counts, when the target has one.
+    probe: ProbeStats | None = None
+    #: The last hour of evaluations, for the status page (bounded: ``daemon.history``).
+    history: History | None = None
 
     def attempted(self, at: float, duration_s: float | None = None) -> None:
         """Count one scrape (or fleet step) taken at ``at``, whatever came of it."""

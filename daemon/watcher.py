@@ -21,11 +21,15 @@ from daemon.core.incidents import TrackRecord
 from daemon.core.model import Signals, Snapshot, Transition
 from daemon.core.parse import SnapshotParser
 from daemon.core.rulebook import Rulebook
+from daemon.core.timeline import setting_values
 from daemon.errors import ParseError, ScrapeError
+from daemon.history import History
 from daemon.httpauth import auth_headers
 from daemon.notifier import Notifier
+from daemon.page.spec import load_spec
+from daemon.probe import Prober
 from daemon.redact import safe_url
-from daemon.scrape import fetch_async
+from daemon.scrape import fetch_async, not_metrics_hint
 from daemon.settings import Settings, TargetSettings
 from daemon.state import TargetState, View
 from daemon.store import StateStore
@@ -54,6 +58,13 @@ class TargetWatcher:
         self.evaluator = build_evaluator(own, rulebook)
         self.parser = SnapshotParser()
         self.state = TargetState(target.name, safe_url(target.url), rulebook.ceiling)
+        spec = load_spec()
+        self.state.history = History.for_interval(
+            spec.measured_keys,
+            history_seconds=spec.history_seconds,
+            interval_seconds=settings.interval_seconds,
+            settings_values=setting_values(rulebook),
+        )
         self.in_flight = False
         self._client = client
         self._notifier = notifier
@@ -77,6 +88,18 @@ class TargetWatcher:
                     target=target.name,
                     incidents=[f"{r.model_name}: {r.state} {r.cause or ''}" for r in self._saved],
                 )
+        #: The target's active probe, when its settings enable one (``daemon/probe.py``).
+        self.prober: Prober | None = None
+        if target.probe.enabled:
+            self.prober = Prober(target, client=client, model=self._probe_model, clock=clock)
+            self.state.probe = self.prober.stats
+
+    def _probe_model(self) -> str | None:
+        """The model the probe asks for: the first ``model_name`` the target exposes."""
+        view = self.state.view
+        if view is None or not view.evaluation.diagnoses:
+            return None
+        return min(view.evaluation.diagnoses)
 
     async def close(self) -> None:
         await self._client.aclose()
@@ -100,7 +123,7 @@ class TargetWatcher:
             self._failed(exc.reason, str(exc))
             return
         except ParseError as exc:
-            self._failed("parse", f"unreadable /metrics: {exc}")
+            self._failed("parse", not_metrics_hint(st.url, exc))
             return
         except asyncio.CancelledError:
             # Only shutdown cancels a scrape (a timeout arrives as ScrapeError): one that
@@ -144,6 +167,9 @@ class TargetWatcher:
     def _consume(self, snapshot: Snapshot) -> None:
         if len(snapshot.models) > self._max_models:
             snapshot = self._bounded(snapshot)
+        if self.prober is not None:
+            # The core sees the probe as data, taken with the scrape.
+            snapshot = dataclasses.replace(snapshot, probe=self.prober.status())
         self._publish(self.evaluator.step(snapshot))
 
     def _judge(
@@ -173,11 +199,15 @@ class TargetWatcher:
         if not evaluation.accepted:
             log.warning("snapshot_out_of_order", target=st.name, at=at)
             return
+        if st.history is not None:
+            st.history.record(evaluation, self.evaluator.rulebook)
         incidents = self.evaluator.incidents
         st.view = View(
             evaluation=evaluation,
             states={m: incidents.state(m) for m in evaluation.diagnoses},
             active=tuple(incidents.active()),
+            clear_runs={m: incidents.clear_run(m) for m in evaluation.diagnoses},
+            resolve_after=incidents.resolve_after,
         )
         for t in evaluation.transitions:
             self._log_transition(t)

@@ -3,6 +3,7 @@ directory outside the checkout, with a time limit."""
 
 from __future__ import annotations
 
+import os
 import selectors
 import shutil
 import subprocess
@@ -16,7 +17,10 @@ _SIBLING = Path(sys.executable).parent / "vllm-triage"
 COMMAND = _SIBLING if _SIBLING.exists() else Path(shutil.which("vllm-triage") or _SIBLING)
 
 
-def vllm_triage(*args: str, cwd: Path, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+def vllm_triage(
+    *args: str, cwd: Path, timeout: float = 120.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``env`` is added to this process's environment."""
     return subprocess.run(
         [str(COMMAND), *args],
         cwd=cwd,
@@ -24,6 +28,7 @@ def vllm_triage(*args: str, cwd: Path, timeout: float = 120.0) -> subprocess.Com
         text=True,
         timeout=timeout,
         check=False,
+        env=None if env is None else {**os.environ, **env},
     )
 
 

@@ -68,6 +68,8 @@ def reference_models(text: str) -> dict[str, dict[str, Any]]:
                 else:
                     out[model][field] = sum(values)
             elif "buckets" in acc:
+                if field == "iteration_tokens" and "count" in acc:
+                    out[model]["iterations"] = acc["count"]  # engine steps (ModelSeries)
                 if "count" not in acc or "sum" not in acc or math.inf not in acc["buckets"]:
                     continue  # a truncated histogram: the parser leaves it out too
                 bounds = tuple(sorted(acc["buckets"]))

@@ -33,6 +33,7 @@ ALERTNAMES = {
     "decode_bound": "VllmDecodeBound",
     "queue_bound": "VllmQueueBound",
     "kv_pressure": "VllmKvPressure",
+    "stalled": "VllmEngineStalled",
 }
 NAMINGS = ("v1", "v0")
 #: The families the rules read; the rest of the exposition is left out of the inputs.

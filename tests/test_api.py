@@ -55,6 +55,7 @@ class TestNoViewYet:
             "last_scrape_at": None,
             "last_success_at": None,
             "ceiling": None,
+            "probe": None,
             "models": [],
             "recent_transitions": [],
         }
@@ -161,7 +162,8 @@ class TestRecentTransitions:
         assert tr["target"] == "kv_pressure"
         assert (tr["event"], tr["reason"], tr["diagnosis"]) == ("firing", "opened", "kv_pressure")
         assert tr["model_name"] == MODEL
-        assert tr["at"] == tr["started_at"] == START_AT + 30  # the third breached evaluation
+        # The third breached evaluation, in the document's one time style (ISO 8601, UTC).
+        assert tr["at"] == tr["started_at"] == iso(START_AT + 30) == "2026-01-01T00:00:30.000Z"
         assert tr["evidence"]["kv_pool_tokens"] == 32768
 
     def test_firing_then_resolved_in_order(self) -> None:
@@ -180,12 +182,40 @@ class TestRecentTransitions:
         [t] = dumped(diagnoses_json([state], now=NOW))["targets"]
         assert t["models"] == []
         got = [
-            (tr["event"], tr["reason"], tr["diagnosis"], tr["at"] - START_AT)
-            for tr in t["recent_transitions"]
+            (tr["event"], tr["reason"], tr["diagnosis"], tr["at"]) for tr in t["recent_transitions"]
         ]
         assert got == [
-            ("firing", "opened", "queue_bound", 10.0),
-            ("resolved", "resolved", "queue_bound", 30.0),
+            ("firing", "opened", "queue_bound", iso(START_AT + 10)),
+            ("resolved", "resolved", "queue_bound", iso(START_AT + 30)),
         ]
         assert t["recent_transitions"][0]["evidence"] == {"requests_waiting_mean": None}
-        assert t["recent_transitions"][1]["started_at"] == START_AT + 10
+        assert t["recent_transitions"][1]["started_at"] == iso(START_AT + 10)
+
+
+class TestOneTimeStyle:
+    def test_every_time_in_the_document_is_iso(self, kv: TargetState) -> None:
+        """Generated, scraped, evaluated, started, transitions and signals: all ISO 8601
+        in UTC; no unix seconds anywhere (they once mixed)."""
+        doc = dumped(diagnoses_json([kv], now=NOW))
+        [t] = doc["targets"]
+        [m] = t["models"]
+        [tr] = t["recent_transitions"]
+        times = [
+            doc["generated_at"],
+            t["last_scrape_at"],
+            t["last_success_at"],
+            m["evaluated_at"],
+            m["incident_started_at"],
+            m["signals"]["at"],
+            tr["at"],
+            tr["started_at"],
+        ]
+        assert all(
+            isinstance(x, str) and x.endswith("Z") and x.startswith("2026-") for x in times
+        ), times
+
+    def test_evidence_breaches_is_a_list_like_breaches(self, kv: TargetState) -> None:
+        [t] = dumped(diagnoses_json([kv], now=NOW))["targets"]
+        [m] = t["models"]
+        assert m["evidence"]["breaches"] == m["breaches"]
+        assert isinstance(m["breaches"], list) and m["breaches"]

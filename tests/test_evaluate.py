@@ -212,6 +212,82 @@ class TestRestore:
         assert ev.incidents.state("a") is State.FIRING
 
 
+def engine(at: float, tokens: float, *, waiting: float = 0.0, running: float = 8.0) -> Snapshot:
+    """One model decoding: ``tokens`` generated so far, a TTFT histogram to match."""
+    return Snapshot(
+        at=at,
+        era="v1",
+        prefix="vllm:",
+        models={
+            "m": ModelSeries(
+                model_name="m",
+                running=running,
+                waiting=waiting,
+                kv_usage=0.2 + tokens / 1e7,
+                generation_tokens=tokens,
+                ttft=hist([tokens // 100] + [0] * 10),
+            )
+        },
+    )
+
+
+def run(ev: Evaluator, snaps: list[Snapshot]) -> list[tuple[str, str, float]]:
+    out = []
+    for s in snaps:
+        out += [(t.event, t.cause, t.at) for t in ev.step(s).transitions]
+    return out
+
+
+class TestStalls:
+    def test_a_hang_fires_stalled_alone_at_stall_after_and_resolves(self) -> None:
+        """Tokens stop at 100 s with 8 requests running and 2 waiting (a queue frozen in the
+        gauges, which alone would be queue_bound): stalled fires at 130 s, the default
+        stall_after_seconds, and nothing else; it resolves once tokens flow again."""
+        ev = build_evaluator(load_settings())
+        flowing = [engine(t, t * 50) for t in range(0, 100, 5)]
+        hung = [engine(t, 5000, waiting=2.0) for t in range(100, 200, 5)]
+        resumed = [engine(t, 5000 + (t - 200) * 50) for t in range(200, 300, 5)]
+        assert run(ev, flowing + hung + resumed) == [
+            ("firing", "stalled", 130),
+            ("resolved", "stalled", 210),
+        ]
+
+    def test_a_hang_does_not_resolve_the_incident_it_replaces(self) -> None:
+        """A queue is firing when the engine hangs: the frozen stretch gives no verdict, so
+        the queue's incident does not "resolve" as the hang begins; the stall takes its
+        place as a changed cause."""
+        ev = build_evaluator(load_settings())
+        queued = [engine(t, t * 50, waiting=5.0) for t in range(0, 100, 5)]
+        hung = [engine(t, 5000, waiting=5.0) for t in range(100, 200, 5)]
+        assert run(ev, queued + hung) == [
+            ("firing", "queue_bound", 10),
+            ("resolved", "queue_bound", 130),
+            ("firing", "stalled", 130),
+        ]
+        assert ev.step(engine(200, 5000, waiting=5.0)).transitions == []
+
+    def test_a_restart_is_not_a_stall(self) -> None:
+        """Killed at 100 s, back at 300 s (no scrapes between), counters from zero and
+        requests arriving: nothing fires."""
+        ev = build_evaluator(load_settings())
+        before = [engine(t, t * 50) for t in range(0, 100, 5)]
+        after = [engine(t, (t - 300) * 50) for t in range(300, 400, 5)]
+        assert run(ev, before + after) == []
+
+    def test_a_gap_with_frozen_counters_is_not_counted(self) -> None:
+        """Scrapes stop for five minutes (the daemon was paused) on a server whose counters
+        have not moved since: the gap is not time without progress."""
+        ev = build_evaluator(load_settings())
+        snaps = [engine(t, 5000) for t in (0, 5, 10)] + [engine(t, 5000) for t in (310, 315)]
+        assert run(ev, snaps) == []
+        p = ev.step(engine(320, 5000)).signals["m"].progress
+        assert p is not None and p.seconds_without_progress == 10.0
+
+    def test_an_idle_server_is_not_stalled(self) -> None:
+        ev = build_evaluator(load_settings())
+        assert run(ev, [engine(t, 5000, running=0.0) for t in range(0, 600, 5)]) == []
+
+
 class TestJudge:
     """``Evaluator.judge``: signals windowed elsewhere (fleet mode), judged as ``step``
     judges the window's."""

@@ -28,6 +28,7 @@ from daemon.core.parse import SnapshotParser
 from daemon.delivery import Delivery
 from daemon.demo.offline import START_AT, ceiling_of
 from daemon.exporter import build_registry
+from daemon.probe import ProbeStats
 from daemon.receivers import Notification, build_receiver
 from daemon.settings import ReceiverSettings, load_settings
 from daemon.simulator import get_scenario, record
@@ -35,7 +36,7 @@ from daemon.state import TargetState, View
 
 P = "vllm_triage_"
 #: The state set's values: healthy, then the four causes.
-DIAGNOSES = ("healthy", "kv_pressure", "queue_bound", "prefill_bound", "decode_bound")
+DIAGNOSES = ("healthy", "stalled", "kv_pressure", "queue_bound", "prefill_bound", "decode_bound")
 #: Every bundled scenario serves this one model.
 MODEL = get_scenario("kv_pressure").model_name
 #: The per-model signal gauges, shown only while a target is up.
@@ -67,6 +68,8 @@ SIGNAL_FAMILIES = (
     "generation_tokens_per_second",
     "decode_step_bytes",
     "decode_binding_resource",
+    "no_progress_seconds",
+    "last_progress_timestamp_seconds",
 )
 
 
@@ -197,7 +200,7 @@ class TestDiagnosis:
         breach = {"target": "kv_pressure", "model_name": MODEL}
         assert value(text, P + "slo_breach", slo="kv_preemptions", **breach) == 1.0
         healthy = samples(text, P + "slo_breach", target="healthy")
-        assert len(healthy) == 4 and all(s.value == 0.0 for s in healthy)
+        assert len(healthy) == 5 and all(s.value == 0.0 for s in healthy)
         opened = {"target": "kv_pressure", "diagnosis": "kv_pressure"}
         assert value(text, P + "incidents_opened_total", **opened) == 1.0
         assert not samples(text, P + "incidents_opened_total", target="healthy")
@@ -307,6 +310,34 @@ class TestTargetHealth:
         assert not samples(generate_latest(registry).decode(), P + "target_up")
         current.append(kv)
         assert value(generate_latest(registry).decode(), P + "target_up", target=kv.name) == 1
+
+
+class TestStalls:
+    def test_a_hung_engine_shows_in_its_gauges(self) -> None:
+        """The stalled scenario four minutes in (hung since 240 s): the diagnosis is
+        stalled, and the time without progress counts from the last engine update."""
+        state = watched("stalled", duration_s=300.0)
+        text = render([state])
+        labels = {"target": "stalled", "model_name": MODEL}
+        assert value(text, P + "diagnosis", diagnosis="stalled", **labels) == 1.0
+        assert value(text, P + "slo_breach", slo="no_progress", **labels) == 1.0
+        assert value(text, P + "no_progress_seconds", **labels) == 60.0
+        assert value(text, P + "last_progress_timestamp_seconds", **labels) == START_AT + 240
+
+    def test_a_stepping_engine_shows_zero(self, text: str) -> None:
+        assert value(text, P + "no_progress_seconds", target="kv_pressure", model_name=MODEL) == 0
+
+    def test_probe_counts_only_for_targets_with_a_probe(self, kv: TargetState) -> None:
+        probed = dataclasses.replace(kv, name="probed")
+        probed.probe = ProbeStats(url="http://127.0.0.1:1/v1/completions", probes=7)
+        probed.probe.failures.update({"timeout": 2, "http_status": 1})
+        probed.probe.last_seconds = 0.042
+        text = render([kv, probed])
+        assert value(text, P + "probes_total", target="probed") == 7
+        assert value(text, P + "probe_failures_total", target="probed", reason="timeout") == 2
+        assert value(text, P + "probe_failures_total", target="probed", reason="http_status") == 1
+        assert value(text, P + "probe_seconds", target="probed") == 0.042
+        assert not samples(text, P + "probes_total", target="kv_pressure")
 
 
 class TestNotifications:

@@ -8,6 +8,7 @@ tests/test_integration.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import math
@@ -24,7 +25,7 @@ import pytest
 
 from daemon.assemble import build_rulebook
 from daemon.core.diagnose import diagnose
-from daemon.core.model import KVPool, Snapshot, WindowTotals
+from daemon.core.model import KVPool, Signals, Snapshot, WindowTotals
 from daemon.core.names import SAMPLES
 from daemon.core.parse import parse_snapshot
 from daemon.core.window import Window
@@ -73,6 +74,13 @@ def window_at(scenario: str, at: float) -> Window:
         if at - WINDOW - STEP < snap.at <= at:
             w.push(snap)
     return w
+
+
+def without_progress(s: Signals) -> Signals:
+    """The sidecar's signals as fleet mode has them: its queries measure no progress."""
+    missing = dict(s.missing)
+    missing["progress"] = "not measured in fleet mode (no progress query yet)"
+    return dataclasses.replace(s, progress=None, missing=missing)
 
 
 @functools.cache
@@ -469,7 +477,9 @@ class TestHardware:
     def test_a_bad_table_entry_fails_at_start(self, tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=r"prometheus\.models\['x'\]"):
             self.resolver(models={"x": {"config_json": str(tmp_path / "missing.json")}})
-        with pytest.raises(ConfigError, match=r"prometheus\.servers\[0\]: unknown GPU"):
+        with pytest.raises(
+            ConfigError, match=r"prometheus\.servers\.0\.hardware\.gpu: unknown GPU"
+        ):
             self.resolver(servers=[{"match": "{}", "hardware": {"gpu": "Voodoo 3"}}])
 
     def test_config_json_beside_the_settings(self, tmp_path: Path) -> None:
@@ -502,7 +512,7 @@ class TestTicks:
         for instance, scenario in fake.servers.items():
             view = source.watchers[f"vllm/{instance}"].state.view
             assert view is not None
-            sidecar = window_at(scenario, NOW).signals(MODEL)
+            sidecar = without_progress(window_at(scenario, NOW).signals(MODEL))
             assert view.evaluation.signals[MODEL] == sidecar
             assert view.evaluation.diagnoses[MODEL].cause == diagnose(sidecar, rulebook).cause
         causes = {
@@ -591,7 +601,8 @@ class TestTicks:
         assert any(" or on " in q.promql for q in source.queries)
         st = source.watchers["vllm/a:8000"].state
         assert st.view is not None
-        assert st.view.evaluation.signals[MODEL] == window_at("queue_bound", NOW).signals(MODEL)
+        want = without_progress(window_at("queue_bound", NOW).signals(MODEL))
+        assert st.view.evaluation.signals[MODEL] == want
 
     def test_a_dead_query_api_is_a_counted_failure(self) -> None:
         with query_api(Fake()) as url:

@@ -28,11 +28,13 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.assemble import build_evaluator, build_rulebook
+from daemon.core.model import CAUSES
 from daemon.core.names import SAMPLES
 from daemon.core.parse import SnapshotParser
 from daemon.delivery import Delivery
 from daemon.demo.offline import START_AT, ceiling_of
 from daemon.exporter import build_registry
+from daemon.probe import ProbeStats
 from daemon.receivers import build_receiver
 from daemon.settings import ReceiverSettings, load_settings
 from daemon.simulator import get_scenario, record
@@ -185,6 +187,9 @@ def exported() -> dict[str, set[str]]:
     state = watched("kv_pressure")
     assert state.view is not None and state.view.active, "expected an open incident"
     assert state.incidents_opened, "expected an incident opened"
+    # A target with its probe enabled: one timed out, the last one answered.
+    state.probe = ProbeStats(url="http://127.0.0.1:1/v1/completions", probes=3, last_seconds=0.05)
+    state.probe.failures["timeout"] += 1
 
     async def main() -> str:
         async with httpx.AsyncClient() as client:
@@ -514,3 +519,30 @@ class TestProvisioning:
         path = provider["options"]["path"]
         assert path == "/var/lib/grafana/dashboards"
         assert Path(path).name == DASHBOARDS.name  # the folder this repository mounts there
+
+
+class TestStalled:
+    def test_the_stall_panel_draws_stall_after_seconds(self, panels: list[dict[str, Any]]) -> None:
+        """The time without progress is shown against the shipped stall_after_seconds."""
+        after = float(
+            yaml.safe_load(DEFAULTS.read_text(encoding="utf-8"))["thresholds"][
+                "stall_after_seconds"
+            ]
+        )
+        [p] = [p for p in panels if panel_names(p) == {"vllm_triage_no_progress_seconds"}]
+        defaults = p["fieldConfig"]["defaults"]
+        assert defaults["custom"]["thresholdsStyle"]["mode"] == "line"
+        assert after in [s["value"] for s in defaults["thresholds"]["steps"]]
+
+    def test_the_current_diagnosis_names_every_cause(self, panels: list[dict[str, Any]]) -> None:
+        """Each cause the daemon exports has a code in the stat panel's query and a name in
+        its value mappings: a new cause cannot show as a bare number."""
+        [stat] = [
+            p for p in panels if p["type"] == "stat" and "vllm_triage_diagnosis" in panel_names(p)
+        ]
+        names = {
+            m["text"] for m in stat["fieldConfig"]["defaults"]["mappings"][0]["options"].values()
+        }
+        assert names == {"healthy", *CAUSES}
+        expr = stat["targets"][0]["expr"]
+        assert all(f'diagnosis="{c}"' in expr for c in CAUSES)

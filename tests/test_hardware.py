@@ -88,7 +88,7 @@ class TestGPUTable:
         """The seed's six rows are present with the seed's bandwidth and cite the seed."""
         gpu = by_name()[name]
         assert gpu.memory_bandwidth_gb_s == bandwidth
-        assert "seed article table (docs/physics.md)" in gpu.source
+        assert gpu.source.startswith("the reference table in docs/physics.md; ")
 
     def test_seed_rows_come_first_in_order(self) -> None:
         """The table opens with the seed's rows in the seed's order."""

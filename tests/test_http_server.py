@@ -115,10 +115,14 @@ class TestRoutes:
         served.ready[0] = True
         assert get(served, "/readyz").status_code == 200
 
-    def test_index_lists_the_routes(self, served: Served) -> None:
+    def test_index_is_the_status_page_and_lists_the_routes(self, served: Served) -> None:
+        """``/`` is the status page (tests/test_page_live.py); while it loads, and for a
+        reader without JavaScript, it links every other route."""
         r = get(served, "/")
         assert r.status_code == 200
-        assert all(route in r.text for route in ROUTES if route != "/")
+        assert r.headers["content-type"] == "text/html; charset=utf-8"
+        assert "connect-src 'self'" in r.headers["content-security-policy"]
+        assert all(f'href="{route[1:]}"' in r.text for route in ROUTES if route != "/")
 
     @pytest.mark.parametrize("path", ["/nope", "/metrics/", "/api/v1/diagnoses/x", "/METRICS"])
     def test_unknown_path_is_404(self, served: Served, path: str) -> None:
@@ -161,8 +165,13 @@ class TestDiagnosesApi:
     def test_target_filter(self, served: Served) -> None:
         doc = strict_json(get(served, "/api/v1/diagnoses", params={"target": "healthy"}).text)
         assert [t["target"] for t in doc["targets"]] == ["healthy"]
-        doc = strict_json(get(served, "/api/v1/diagnoses", params={"target": "nope"}).text)
-        assert doc["targets"] == []
+        nope = get(served, "/api/v1/diagnoses", params={"target": "nope"})
+        assert nope.status_code == 404
+        assert nope.headers["content-type"] == "application/json"
+        assert nope.json() == {
+            "error": "no target named 'nope'",
+            "targets": ["healthy", "kv_pressure"],
+        }
 
     def test_nan_never_reaches_the_json(self, served: Served) -> None:
         """A broken target's NaN or infinity in evidence and signals becomes null."""

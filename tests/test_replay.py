@@ -104,7 +104,7 @@ class TestReplayCommand:
         assert result.returncode == 0
         assert "FIRING    queue_bound" in result.stdout
         assert "fix: Check the queue" in result.stdout
-        assert "replayed 13 files (0 skipped)" in result.stderr
+        assert "replayed 13 files (0 skipped): 1 transition\n" in result.stderr
 
     def test_unreadable_input_exits_non_zero(self, tmp_path: Path) -> None:
         """A missing or empty directory is a clear error and exit 1, not a traceback."""

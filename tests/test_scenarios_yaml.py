@@ -90,11 +90,38 @@ A100_SMALL_POOL = llama_on(
     gpu_memory_utilization=0.27,
 )
 
+#: The tour's one server: the H100 with half its memory for vLLM (a 150,000-token pool).
+H100_SHARED = llama_on(
+    "NVIDIA H100 SXM",
+    3350.0,
+    989.4,
+    num_gpu_blocks=9375,
+    max_num_batched_tokens=8192,
+    max_model_len=32768,
+    gpu_memory_utilization=0.5,
+)
+
 HEALTHY = Workload(arrival_rate_per_s=3.0, prompt_tokens=600, output_tokens=180, spread=0.5)
 PREFILL = Workload(arrival_rate_per_s=0.15, prompt_tokens=20000, output_tokens=24, seed=1)
 DECODE = Workload(arrival_rate_per_s=0.04, prompt_tokens=48, output_tokens=400, seed=2)
 QUEUE = Workload(arrival_rate_per_s=10.0, prompt_tokens=400, output_tokens=250, seed=3)
 KV = Workload(arrival_rate_per_s=0.6, prompt_tokens=3000, output_tokens=1200, seed=4)
+LATE_USERS = Workload(
+    arrival_rate_per_s=0.1, prompt_tokens=600, output_tokens=180, spread=0.5, seed=5
+)
+
+TOUR_CHAT = Workload(arrival_rate_per_s=3.0, prompt_tokens=400, output_tokens=180, spread=0.5)
+TOUR_DOCS = Workload(arrival_rate_per_s=1.0, prompt_tokens=12000, output_tokens=24, seed=1)
+TOUR_LONG_ANSWERS = Workload(arrival_rate_per_s=7.3, prompt_tokens=64, output_tokens=1600, seed=2)
+
+
+def tour_spike(rate: float, seed: int) -> Workload:
+    return Workload(arrival_rate_per_s=rate, prompt_tokens=80, output_tokens=250, seed=seed)
+
+
+def tour_kv(rate: float, seed: int) -> Workload:
+    return Workload(arrival_rate_per_s=rate, prompt_tokens=300, output_tokens=1000, seed=seed)
+
 
 EXPECTED: dict[str, Scenario] = {
     "healthy": Scenario("healthy", H100, (Phase(600.0, HEALTHY),), LLAMA),
@@ -102,21 +129,34 @@ EXPECTED: dict[str, Scenario] = {
     "decode_bound": Scenario("decode_bound", CPU, (Phase(600.0, DECODE),), LLAMA),
     "queue_bound": Scenario("queue_bound", H100_16_SEATS, (Phase(600.0, QUEUE),), LLAMA),
     "kv_pressure": Scenario("kv_pressure", A100_SMALL_POOL, (Phase(600.0, KV),), LLAMA),
-    "tour": Scenario(
-        "tour",
+    "stalled": Scenario(
+        "stalled",
         H100,
         (
-            Phase(60.0, HEALTHY),
-            Phase(120.0, PREFILL, L40S),
-            Phase(60.0, HEALTHY),
-            Phase(120.0, DECODE, CPU),
-            Phase(60.0, HEALTHY),
-            Phase(120.0, QUEUE, H100_16_SEATS),
-            Phase(60.0, HEALTHY),
-            Phase(120.0, KV, A100_SMALL_POOL),
-            Phase(60.0, HEALTHY),
+            Phase(240.0, HEALTHY),
+            Phase(300.0, LATE_USERS, hang=True),
+            Phase(120.0, HEALTHY),
         ),
         LLAMA,
+    ),
+    "tour": Scenario(
+        "tour",
+        H100_SHARED,
+        (
+            Phase(60.0, TOUR_CHAT, expect="healthy"),
+            Phase(90.0, TOUR_DOCS, expect="prefill_bound"),
+            Phase(105.0, TOUR_CHAT, expect="healthy"),
+            Phase(90.0, TOUR_LONG_ANSWERS, expect="decode_bound"),
+            Phase(105.0, TOUR_CHAT, expect="healthy"),
+            Phase(10.0, tour_spike(100.0, 3), expect="queue_bound"),
+            Phase(80.0, tour_spike(80.0, 5), expect="queue_bound"),
+            Phase(105.0, TOUR_CHAT, expect="healthy"),
+            Phase(12.0, tour_kv(25.0, 4), expect="kv_pressure"),
+            Phase(78.0, tour_kv(12.0, 6), expect="kv_pressure"),
+            Phase(105.0, TOUR_CHAT, expect="healthy"),
+        ),
+        LLAMA,
+        {"itl_p99_seconds": 0.024},
     ),
 }
 
@@ -137,9 +177,9 @@ phases:
 
 
 class TestBundled:
-    def test_the_six_scenarios_are_listed(self) -> None:
+    def test_the_seven_scenarios_are_listed(self) -> None:
         assert scenario_names() == tuple(sorted(EXPECTED))
-        assert set(SCENARIOS) == set(EXPECTED) and len(SCENARIOS) == 6
+        assert set(SCENARIOS) == set(EXPECTED) and len(SCENARIOS) == 7
         assert list_bundled("scenarios") == scenario_names()
 
     @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -245,6 +285,13 @@ class TestUserFiles:
             (("num_gpu_blocks: 4096", "num_gpu_blocks: 10"), r"server: the KV pool must hold"),
             (("duration_seconds: 30", "duration_seconds: 0"), r"phases\[0\]\.duration_seconds"),
             (("name: mine\n", ""), r"mine\.yaml: name: Field required"),
+            (
+                (
+                    "    workload: {arrival_rate_per_s: 1,",
+                    "    hang: 'yes'\n    workload: {arrival_rate_per_s: 1,",
+                ),
+                r"phases\[0\]\.hang",
+            ),
         ],
     )
     def test_a_bad_file_names_the_file_and_key(
@@ -273,12 +320,12 @@ class TestUserFiles:
 class TestHoldLastPhase:
     def test_the_last_load_goes_on_and_the_start_is_unchanged(self) -> None:
         tour = get_scenario("tour")
-        held = hold_last_phase(tour, 900.0)
-        assert held.duration_s == 900.0 and held.phases[:-1] == tour.phases[:-1]
+        held = hold_last_phase(tour, 960.0)
+        assert held.duration_s == 960.0 and held.phases[:-1] == tour.phases[:-1]
         assert held.phases[-1].workload == tour.phases[-1].workload
         assert hold_last_phase(tour, 100.0) is tour
-        same = list(record(tour, start_at=0.0, interval_s=60.0, duration_s=780.0))
-        longer = list(record(held, start_at=0.0, interval_s=60.0, duration_s=900.0))
+        same = list(record(tour, start_at=0.0, interval_s=60.0, duration_s=840.0))
+        longer = list(record(held, start_at=0.0, interval_s=60.0, duration_s=960.0))
         assert longer[: len(same)] == same
         # Past the old end, the healthy load keeps the counters moving.
         assert longer[-1][1] != longer[len(same) - 1][1]

@@ -77,7 +77,14 @@ def test_no_secret_reaches_logs_endpoints_or_errors() -> None:
             wait_for(
                 lambda: all(d.stats.failed >= 1 for d in daemon.notifier.deliveries), timeout=60
             )
-            for path in ("/metrics", "/healthz", "/readyz", "/api/v1/diagnoses", "/"):
+            for path in (
+                "/metrics",
+                "/healthz",
+                "/readyz",
+                "/api/v1/diagnoses",
+                "/api/v1/series",
+                "/",
+            ):
                 seen.append(httpx.get(daemon.url + path, timeout=5).text)
             seen.extend(d.stats.last_error for d in daemon.notifier.deliveries)
             seen.extend(w.state.last_error for w in daemon.watchers)

@@ -177,11 +177,40 @@ class TestTargets:
             pytest.param(target("has space"), "targets.0.name", id="bad-name"),
             pytest.param(target(url="ftp://h/metrics"), "targets.0.url", id="ftp"),
             pytest.param(target(scrape="x"), "targets.0.scrape: unknown key", id="typo"),
+            pytest.param(
+                target(probe={"enabled": True, "timeout_seconds": 0}),
+                "targets.0.probe.timeout_seconds",
+                id="probe-timeout",
+            ),
+            pytest.param(
+                target(probe={"enable": True}),
+                "targets.0.probe.enable: unknown key",
+                id="probe-typo",
+            ),
+            pytest.param(
+                target(probe={"user": "two words"}), "targets.0.probe.user", id="probe-user"
+            ),
+            pytest.param(
+                target(probe={"url": "ftp://h/v1"}), "targets.0.probe.url", id="probe-url"
+            ),
         ],
     )
     def test_bad_target(self, bad: dict[str, Any], key: str) -> None:
         with pytest.raises(ConfigError, match=key):
             load_settings(flags={"targets": [bad]})
+
+    def test_probe_per_target_off_by_default(self, tmp_path: Path) -> None:
+        """A target's probe is off unless enabled; its defaults when it is."""
+        cfg = tmp_path / "t.yaml"
+        cfg.write_text(
+            "targets:\n"
+            "  - {name: a, url: 'http://127.0.0.1:8000/metrics'}\n"
+            "  - {name: b, url: 'http://127.0.0.1:8001/metrics', probe: {enabled: true}}\n"
+        )
+        a, b = load_settings(cfg).targets
+        assert a.probe.enabled is False and b.probe.enabled is True
+        assert (b.probe.interval_seconds, b.probe.timeout_seconds) == (30.0, 30.0)
+        assert (b.probe.model, b.probe.url, b.probe.user) == (None, None, "vllm-triage-probe")
 
 
 class TestListen:

@@ -26,7 +26,7 @@ from daemon.simulator.serve import CONTENT_TYPE, LiveSimulation
 from clirun import COMMAND, stderr_lines, vllm_triage
 
 START_MS = 1_767_225_600_000  # the default --start, 2026-01-01T00:00:00Z
-CAUSES = ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure")
+CAUSES = ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure", "stalled")
 
 
 def events(stdout: str) -> list[dict[str, object]]:
@@ -55,6 +55,13 @@ class TestRecordThenReplay:
         else:
             assert fired, replayed.stderr
             assert {e["diagnosis"] for e in fired} == {scenario}
+        if scenario == "stalled":
+            # hung from 240 s to 540 s: fires at stall_after_seconds (30 s), resolves after
+            at = [
+                (e["event"], round(float(str(e["at"])) - START_MS / 1000))
+                for e in events(replayed.stdout)
+            ]
+            assert at == [("firing", 270), ("resolved", 550)]
 
 
 class TestRecord:
@@ -261,7 +268,9 @@ class TestServe:
                 proc.kill()
                 proc.wait(5)
 
-    def test_a_port_in_use_is_one_line_and_exit_1(self, tmp_path: Path) -> None:
+    def test_a_port_in_use_is_one_line_and_exit_2_as_in_run(self, tmp_path: Path) -> None:
+        """A busy port is a settings problem: exit 2 in `simulate` as in `run`
+        (tests/test_run_cmd.py)."""
         with socket.socket() as busy:
             busy.bind(("127.0.0.1", 0))
             busy.listen()
@@ -269,7 +278,7 @@ class TestServe:
             result = vllm_triage(
                 "simulate", "--scenario", "healthy", "--port", str(port), cwd=tmp_path, timeout=30
             )
-        assert result.returncode == 1
+        assert result.returncode == 2
         assert result.stderr.strip() == (
             f"vllm-triage simulate: error: cannot listen on 127.0.0.1:{port}: "
             "Address already in use"

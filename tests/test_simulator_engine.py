@@ -101,6 +101,42 @@ class TestPrefill:
         assert max(stream.inter_token_s) > 5 * min(stream.inter_token_s)
 
 
+class TestHang:
+    def test_a_hung_engine_freezes_what_a_scrape_sees(self) -> None:
+        """Hung at 10 s: no step completes, so gauges and counters stay as they were while
+        requests keep arriving; resumed at 70 s, the streams go on after a 60 s gap and
+        what arrived meanwhile is served, its TTFT holding the wait."""
+        engine = Engine(A10G, keep_records=True)
+        for _ in range(4):
+            engine.submit(Arrival(0.0, 16, 2000))
+        engine.advance_to(10.0)
+        engine.hang()
+        frozen = (engine.num_running, engine.num_waiting, engine.kv_usage)
+        tokens, itl = engine.stats.generation_tokens, engine.stats.itl.count
+        engine.submit(Arrival(20.0, 32, 5))
+        engine.advance_to(70.0)
+        assert engine.hung and frozen == (4, 0, frozen[2]) and frozen[2] > 0
+        assert (engine.num_running, engine.num_waiting, engine.kv_usage) == frozen
+        assert (engine.stats.generation_tokens, engine.stats.itl.count) == (tokens, itl)
+        engine.resume()
+        engine.advance_to(90.0)
+        assert not engine.hung and engine.stats.generation_tokens > tokens
+        late = next(r for r in engine.records if r.prompt_tokens == 32)
+        assert late.ttft_s >= 50.0  # arrived at 20 s, first token after the resume at 70 s
+        assert engine.stats.itl.sum >= 4 * 60.0  # each stream's one gap spans the hang
+
+    def test_hang_and_resume_are_idempotent(self) -> None:
+        engine = Engine(A10G)
+        engine.resume()  # not hung: nothing to do
+        engine.hang()
+        engine.hang()
+        engine.advance_to(5.0)
+        engine.resume()
+        engine.submit(Arrival(6.0, 16, 3))
+        engine.advance_to(10.0)
+        assert engine.stats.generation_tokens == 3
+
+
 class TestKVCache:
     def test_kv_usage_climbs_with_context(self) -> None:
         """Every 16 generated tokens take one more block of the pool."""

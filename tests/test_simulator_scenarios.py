@@ -82,8 +82,11 @@ class Window:
     inside: tuple[Scrape, ...]
 
     def p99(self, histogram: str) -> float:
+        return self.quantile(0.99, histogram)
+
+    def quantile(self, q: float, histogram: str) -> float:
         start, end = self.first.buckets(histogram), self.last.buckets(histogram)
-        return quantile(0.99, {le: end[le] - start.get(le, 0.0) for le in end})
+        return quantile(q, {le: end[le] - start.get(le, 0.0) for le in end})
 
     def delta(self, name: str) -> float:
         return self.last.gauge(name) - self.first.gauge(name)
@@ -171,20 +174,23 @@ def test_kv_pressure_fills_the_pool_queues_and_preempts() -> None:
     ("start", "cause"),
     [
         (60.0, "prefill_bound"),
-        (240.0, "decode_bound"),
-        (420.0, "queue_bound"),
-        (600.0, "kv_pressure"),
+        (255.0, "decode_bound"),
+        (450.0, "queue_bound"),
+        (645.0, "kv_pressure"),
     ],
     ids=["prefill", "decode", "queue", "kv"],
 )
 def test_tour_walks_through_each_cause_and_recovers(start: float, cause: str) -> None:
-    """Each fault phase shows its signature in its second minute, then the gap heals."""
+    """One H100 throughout: each 90 s fault shows its signature in its last minute, and
+    the healthy time after it heals (rules/scenarios/tour.yaml has the arithmetic)."""
     total = SCENARIOS["tour"].duration_s
-    fault = window("tour", start + 60.0, start + 120.0, total)
+    fault = window("tour", start + 30.0, start + 90.0, total)
+    itl_slo = SCENARIOS["tour"].slo["itl_p99_seconds"]
     signature = {
         "prefill_bound": fault.p99(TTFT) > 2.0 and fault.mean(WAITING) < 1,
-        # An ITL breach while the engine's time goes to prefill is prefill interference.
-        "decode_bound": fault.p99(ITL) > 0.15
+        # Every token slow (p50 too: not prefill spikes), nothing waiting, decode's time.
+        "decode_bound": fault.p99(ITL) > itl_slo
+        and fault.quantile(0.5, ITL) > 0.01
         and fault.max(WAITING) == 0
         and fault.delta(PREFILL_SUM) < fault.delta(DECODE_SUM),
         "queue_bound": fault.mean(WAITING) > 20 and fault.max(KV) < 0.5,
@@ -192,18 +198,40 @@ def test_tour_walks_through_each_cause_and_recovers(start: float, cause: str) ->
     }
     assert signature[cause]
     assert [k for k, v in signature.items() if v] == [cause]
-    healed = window("tour", start + 150.0, start + 180.0, total)
+    assert SCENARIOS["tour"].phase_at(start).expect == cause
+    healed = window("tour", start + 150.0, start + 195.0, total)
     assert healed.max(WAITING) == 0
     assert healed.max(KV) < 0.1
-    assert healed.p99(ITL) < 0.1
+    assert healed.p99(ITL) < itl_slo
 
 
-def test_ten_minutes_of_tour_take_a_few_seconds() -> None:
-    """Virtual time: 600 simulated seconds, scraped every 15 s, in well under 5 s of CPU."""
+def test_the_tour_never_changes_its_server() -> None:
+    """A real server does not swap its card: no phase of the tour brings its own."""
+    assert all(p.spec is None for p in SCENARIOS["tour"].phases)
+
+
+def test_a_hung_engine_serves_the_same_metrics_until_it_resumes() -> None:
+    """The stalled scenario hangs from 240 s to 540 s: every scrape of the hang after
+    its first is byte for byte the same (frozen gauges, flat counters, no observation),
+    and once the engine resumes the counters move again."""
+    scraped = dict(record("stalled", start_at=START, interval_s=15.0, duration_s=600.0))
+    hung = [scraped[START + t] for t in range(255, 540, 15)]
+    assert len(hung) == 19 and all(body == hung[0] for body in hung)
+    assert "vllm:num_requests_running" in hung[0]
+    assert scraped[START + 240] != hung[0] or scraped[START + 225] != hung[0]
+    assert scraped[START + 555] != hung[0]
+    running = scrapes("stalled", 600.0)[20].gauge("vllm:num_requests_running")
+    assert running > 0  # work is outstanding while nothing moves
+
+
+def test_ten_minutes_of_tour_take_seconds_not_minutes() -> None:
+    """Virtual time: 600 simulated seconds, scraped every 15 s, without waiting for them.
+    The bound is a guard against falling back to real time or a runaway loop, not a speed
+    goal (``make bench`` measures speed): the tour's busiest phase steps ~120 streams."""
     started = time.process_time()
     scraped = list(record("tour", start_at=START, interval_s=15.0, duration_s=600.0))
     assert len(scraped) == 41
-    assert time.process_time() - started < 5.0
+    assert time.process_time() - started < 60.0
 
 
 def test_every_scenario_is_named_and_runs_from_t0() -> None:
@@ -213,6 +241,7 @@ def test_every_scenario_is_named_and_runs_from_t0() -> None:
         "decode_bound",
         "queue_bound",
         "kv_pressure",
+        "stalled",
         "tour",
     }
     for name, sc in SCENARIOS.items():

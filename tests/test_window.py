@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.core.model import Histogram, KVPool, ModelSeries, Snapshot, WindowTotals
+from daemon.core.model import (
+    Histogram,
+    KVPool,
+    ModelSeries,
+    ProbeStatus,
+    Snapshot,
+    WindowTotals,
+)
 from daemon.core.window import Window, _sum_steps, _window_deltas, signals_from_totals
 
 from snapshots import hist, snap
@@ -253,6 +260,152 @@ class TestFastPathEquivalence:
         if got is not None and want is not None:
             assert got.cumulative == want.cumulative and got.count == want.count
             assert got.sum == pytest.approx(want.sum)
+
+
+def frozen_after(
+    stop: float, until: float, *, every: float = 5.0, running: float = 8.0, **extra: float
+) -> list[Snapshot]:
+    """Tokens flowing until ``stop``, then every series frozen (a hung engine) to ``until``."""
+    out = []
+    t = 0.0
+    while t <= until:
+        moving = min(t, stop)
+        out.append(
+            snap(t, generation_tokens=moving * 40, kv_usage=0.1 + moving / 1000, running=running)
+        )
+        t += every
+    return out
+
+
+class TestProgress:
+    def test_seconds_without_progress_count_from_the_last_move(self) -> None:
+        """Tokens stop at 20 s with 8 requests running: at 50 s, 30 s without progress."""
+        w = Window(60)
+        fill(w, frozen_after(20.0, 50.0))
+        p = w.signals("m").progress
+        assert p is not None
+        assert p.last_progress_at == 20.0 and p.seconds_without_progress == 30.0
+        assert (p.running, p.waiting, p.outstanding) == (8.0, None, 8.0)
+        assert p.last_values["generation_tokens"] == 800.0
+        assert set(p.checked) == {"generation_tokens", "running", "kv_usage"}
+        assert p.interval_seconds == pytest.approx(5.0)
+
+    def test_a_stall_outlasts_the_window(self) -> None:
+        """The time of the last progress is kept when the snapshots that showed it leave
+        the window: a 10 s window still sees a stall of 90 s."""
+        w = Window(10)
+        fill(w, frozen_after(10.0, 100.0))
+        p = w.signals("m").progress
+        assert p is not None and p.seconds_without_progress == 90.0
+        assert len(w) == 3  # the window itself holds only its last 10 s
+
+    def test_an_idle_engine_owes_nothing(self) -> None:
+        """Frozen series with nothing running or waiting is an idle server, not a stall."""
+        w = Window(60)
+        fill(w, frozen_after(20.0, 100.0, running=0.0))
+        p = w.signals("m").progress
+        assert p is not None and p.seconds_without_progress == 0.0
+
+    def test_any_moving_series_is_progress(self) -> None:
+        """Counters flat but a gauge moving (a long prompt prefilled chunk by chunk fills
+        the KV cache step by step): the engine steps."""
+        w = Window(60)
+        fill(
+            w,
+            [
+                snap(t, generation_tokens=5.0, running=1.0, kv_usage=t / 100)
+                for t in range(0, 60, 5)
+            ],
+        )
+        p = w.signals("m").progress
+        assert p is not None and p.seconds_without_progress == 0.0 and p.last_progress_at == 55
+
+    def test_counters_going_down_is_a_restart_not_a_stall(self) -> None:
+        """vLLM restarted: every counter is back near zero. That is progress."""
+        w = Window(60)
+        snaps = frozen_after(10.0, 40.0)
+        restarted = snap(45.0, generation_tokens=3.0, kv_usage=0.1 + 10 / 1000, running=8.0)
+        fill(w, [*snaps, restarted])
+        p = w.signals("m").progress
+        assert p is not None and p.last_progress_at == 45.0 and p.seconds_without_progress == 0
+
+    def test_a_gap_longer_than_the_window_starts_the_watch_again(self) -> None:
+        """Nothing was seen for longer than the window (the daemon paused, the target was
+        down): the gap is not counted as time without progress."""
+        w = Window(60)
+        fill(w, frozen_after(10.0, 20.0))
+        later = [
+            snap(t, generation_tokens=400.0, kv_usage=0.11, running=8.0) for t in (200.0, 205.0)
+        ]
+        fill(w, later)
+        p = w.signals("m").progress
+        assert p is not None and p.last_progress_at == 200.0 and p.seconds_without_progress == 5
+
+    def test_an_unanswered_probe_is_work_owed(self) -> None:
+        """Gauges say idle, but a probe sent at 30 s is still unanswered at 70 s while
+        nothing moves: 40 s without progress (the hang metrics cannot show)."""
+        w = Window(60)
+        snaps = frozen_after(20.0, 70.0, running=0.0)
+        probed = [
+            dataclasses.replace(s, probe=ProbeStatus(unanswered_since=30.0)) if s.at >= 30 else s
+            for s in snaps
+        ]
+        fill(w, probed)
+        p = w.signals("m").progress
+        assert p is not None and p.seconds_without_progress == 40.0
+        assert p.probe_unanswered_seconds == 40.0
+
+    def test_an_unanswered_probe_on_a_moving_engine_is_a_busy_server(self) -> None:
+        w = Window(60)
+        snaps = [
+            snap(t, generation_tokens=t * 40, running=50.0, waiting=200.0) for t in range(0, 65, 5)
+        ]
+        fill(w, [dataclasses.replace(s, probe=ProbeStatus(unanswered_since=10.0)) for s in snaps])
+        p = w.signals("m").progress
+        assert p is not None and p.seconds_without_progress == 0.0
+
+    def test_the_last_stall_is_told_for_one_window(self) -> None:
+        """A stretch without progress that ended is kept while the window holds its
+        delayed observations, then forgotten."""
+        w = Window(60)
+        fill(w, frozen_after(20.0, 60.0))
+        fill(w, [snap(65.0, generation_tokens=900.0, kv_usage=0.2, running=8.0)])
+        p = w.signals("m").progress
+        assert p is not None and p.previous_stall_seconds == 40.0
+        assert p.previous_stall_ended_seconds_ago == 0.0 and p.seconds_without_progress == 0
+        fill(
+            w,
+            [
+                snap(t, generation_tokens=900.0 + t, kv_usage=0.2, running=8.0)
+                for t in (125.0, 130.0)
+            ],
+        )
+        p = w.signals("m").progress
+        assert p is not None and p.previous_stall_seconds is None
+
+    def test_gauges_alone_cannot_tell(self) -> None:
+        """Without a counter that must move when the engine steps, steady gauges are not
+        evidence of anything: progress is not judged, and the signals say why."""
+        w = Window(60)
+        fill(w, [snap(t, running=4.0, waiting=10.0, kv_usage=0.1) for t in range(0, 65, 5)])
+        s = w.signals("m")
+        assert s.progress is None and "not exposed" in s.missing["progress"]
+
+    def test_engine_steps_are_read_when_exposed(self) -> None:
+        """vllm:iteration_tokens_total_count, one per engine step, is a progress series."""
+        w = Window(60)
+        fill(w, [snap(t, iterations=t * 10, running=1.0) for t in range(0, 20, 5)])
+        p = w.signals("m").progress
+        assert p is not None and "iterations" in p.checked and p.seconds_without_progress == 0
+
+    def test_models_that_are_gone_are_forgotten(self) -> None:
+        """A model no longer exposed leaves nothing behind; back, it is watched anew."""
+        w = Window(60)
+        fill(w, frozen_after(0.0, 30.0))
+        fill(w, [snap(35.0, model="other", generation_tokens=1.0, running=1.0)])
+        fill(w, [snap(40.0, generation_tokens=0.0, kv_usage=0.1, running=8.0)])
+        p = w.signals("m").progress
+        assert p is not None and p.last_progress_at == 40.0
 
 
 class TestTotals:

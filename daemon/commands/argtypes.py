@@ -7,6 +7,7 @@ import argparse
 import math
 from collections.abc import Callable
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 N = TypeVar("N", int, float)
 
@@ -46,4 +47,19 @@ def unix_time(text: str) -> float:
     """Seconds since 1970-01-01 UTC, 0 or later."""
     return _checked(
         text, float, "a number", lambda v: 0 <= v < math.inf, "a unix time in seconds (>= 0)"
+    )
+
+
+def http_url(text: str) -> str:
+    """An http:// or https:// URL with a host; a missing scheme gets a hint."""
+    parts = urlsplit(text)
+    if parts.scheme in ("http", "https") and parts.hostname:
+        return text
+    if "://" not in text:
+        raise argparse.ArgumentTypeError(
+            f"expected a URL such as http://127.0.0.1:8000/metrics, got {text!r}: "
+            f"add the scheme (http://{text})"
+        )
+    raise argparse.ArgumentTypeError(
+        f"expected an http:// or https:// URL such as http://127.0.0.1:8000/metrics, got {text!r}"
     )

@@ -130,6 +130,8 @@ def _render_text(size: ModelSize, rows: list[dict[str, Any]], args: argparse.Nam
     ]
     widths = [max(len(row[i]) for row in table) for i in range(3)]
     lines.append("")
+    if len(rows) > 1:
+        lines.append("By memory bandwidth, lowest first:")
     for name, bandwidth, ceiling in table:
         lines.append(f"{name:<{widths[0]}}  {bandwidth:>{widths[1]}}  {ceiling:>{widths[2]}}")
     lines.append("")
@@ -145,7 +147,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"vllm-triage ceiling: error: {exc}", file=sys.stderr)
         return 2
-    rows = ceiling_rows(size, gpus, args.tensor_parallel_size, args.achievable_fraction)
+    # By bandwidth (the ceiling's one input that varies by card), then name: a stated
+    # order, the same in text and JSON.
+    ordered = sorted(gpus, key=lambda g: (g.memory_bandwidth_gb_s, g.name))
+    rows = ceiling_rows(size, ordered, args.tensor_parallel_size, args.achievable_fraction)
     if args.format == "json":
         print(json.dumps(rows, indent=2))
     else:

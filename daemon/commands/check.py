@@ -2,9 +2,22 @@
 
 Scrapes the server ``--scrapes`` times over ``--window`` seconds and diagnoses the
 window with the same core as the daemon, without waiting for an incident to persist:
-the verdict is this window's. Exit 0 healthy, 1 an SLO is breached (the cause is
-printed), 2 cannot tell (the server did not answer, or too few requests finished in the
-window to judge). Usage errors also exit 2, as everywhere in vllm-triage.
+the verdict is this window's. A server whose engine showed no progress at all while
+requests were outstanding is watched on, at the same pace, until that has lasted
+``stall_after_seconds`` (then it is stalled: a hung engine) or the engine moves.
+
+Exit codes follow the monitoring-plugin convention (Nagios, Icinga, Sensu):
+  0  healthy: every SLO met (or the server was idle)
+  1  incident: an SLO is breached, or the engine is stalled; the cause, its evidence
+     and the fixes are printed
+  2  usage or settings error (a URL without http://, an unreadable --config)
+  3  cannot tell: the server did not answer with vLLM metrics, or too few requests
+     finished in the window to judge
+
+A first scrape that is refused, answered with an error status or with a page that is not
+vLLM's metrics ends the check at once (the window would not change that); the reason is
+printed once, with a hint for the likeliest mistakes. On a terminal, a progress line on
+stderr shows each scrape as it happens.
 """
 
 from __future__ import annotations
@@ -13,23 +26,36 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from daemon.commands.argtypes import positive_float, positive_int
+from daemon.commands.argtypes import http_url, positive_float, positive_int
+
+if TYPE_CHECKING:
+    from daemon.core.evaluate import Evaluation
 
 Verdict = Literal["healthy", "incident", "cannot_tell"]
-EXIT: dict[Verdict, int] = {"healthy": 0, "incident": 1, "cannot_tell": 2}
+EXIT: dict[Verdict, int] = {"healthy": 0, "incident": 1, "cannot_tell": 3}
+#: Fixes shown in the text output; the rest are in --format json.
+FIXES_SHOWN = 3
+#: A first scrape failing for one of these reasons ends the check: waiting will not help.
+FATAL_FIRST = frozenset({"connect", "http_status", "parse", "too_large"})
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    _, _, rest = (__doc__ or "").partition("\n\n")
     p = sub.add_parser(
         "check",
-        help="diagnose a live vLLM server once (exit 0 healthy, 1 incident, 2 cannot tell)",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        help="diagnose a live vLLM server once (exit 0 healthy, 1 incident, 3 cannot tell)",
+        description=rest,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("url", help="the server's metrics URL, e.g. http://127.0.0.1:8000/metrics")
+    p.add_argument(
+        "url",
+        type=http_url,
+        help="the server's metrics URL, e.g. http://127.0.0.1:8000/metrics",
+    )
     p.add_argument(
         "--window",
         type=positive_float,
@@ -64,6 +90,19 @@ def judge(result: dict[str, Any]) -> Verdict:
     return "healthy"
 
 
+Progress = Callable[[int, int, str], None]
+
+
+def frozen(evaluation: Evaluation) -> bool:
+    """Some model's engine shows no progress with work outstanding, not yet a stall."""
+    return any(
+        d.cause != "stalled"
+        and (p := evaluation.signals[name].progress) is not None
+        and p.seconds_without_progress > 0
+        for name, d in evaluation.diagnoses.items()
+    )
+
+
 def check(
     url: str,
     *,
@@ -73,38 +112,65 @@ def check(
     config: str | None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.time,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
+    """Scrape and diagnose; ``progress(done, of, outcome)`` is told after each scrape."""
     import httpx
 
     from daemon.assemble import build_rulebook
-    from daemon.core.evaluate import Evaluation, Evaluator
+    from daemon.core.evaluate import Evaluator
     from daemon.core.parse import SnapshotParser
     from daemon.core.report import diagnosis_dict
     from daemon.errors import ParseError, ScrapeError
-    from daemon.scrape import DEFAULT_MAX_BODY_BYTES, fetch
+    from daemon.scrape import DEFAULT_MAX_BODY_BYTES, fetch, not_metrics_hint
     from daemon.settings import load_settings
 
     settings = load_settings(config)
-    # The window must hold every scrape of the check, whatever the settings say.
-    evaluator = Evaluator(build_rulebook(settings), window_seconds=window * 2 + timeout)
+    # The window must hold every scrape of the check, whatever the settings say. The
+    # verdict is this window's own, so a stall breaches at stall_after_seconds itself.
+    evaluator = Evaluator(
+        build_rulebook(settings), window_seconds=window * 2 + timeout, open_after=1
+    )
     parser = SnapshotParser()
-    errors: list[str] = []
+    errors: Counter[str] = Counter()
     last: Evaluation | None = None
     ok = 0
-    gap = window / max(scrapes - 1, 1)
+    total = max(scrapes, 2)
+    gap = window / (total - 1)
+    stopped_early = False
+
+    def one(client: httpx.Client) -> str:
+        """One scrape and evaluation; the failure reason, or "" when it worked."""
+        nonlocal ok, last
+        at = clock()
+        try:
+            body = fetch(client, url, timeout=timeout, max_body_bytes=DEFAULT_MAX_BODY_BYTES)
+            evaluation = evaluator.step(parser.parse_bytes(body, at))
+        except ScrapeError as exc:
+            errors[str(exc)] += 1
+            return exc.reason
+        except ParseError as exc:
+            errors[not_metrics_hint(url, exc)] += 1
+            return "parse"
+        ok += 1
+        last = evaluation
+        return ""
+
     with httpx.Client(follow_redirects=True) as client:
-        for i in range(max(scrapes, 2)):
+        for i in range(total):
             if i:
                 sleep(gap)
-            at = clock()
-            try:
-                body = fetch(client, url, timeout=timeout, max_body_bytes=DEFAULT_MAX_BODY_BYTES)
-                evaluation = evaluator.step(parser.parse_bytes(body, at))
-            except (ScrapeError, ParseError) as exc:
-                errors.append(str(exc))
-                continue
-            ok += 1
-            last = evaluation
+            reason = one(client)
+            if progress is not None:
+                progress(i + 1, total, "ok" if not reason else f"failed ({reason})")
+            if i == 0 and reason in FATAL_FIRST:
+                stopped_early = True
+                break
+        # A frozen engine is watched on until it moves or has been stalled long enough.
+        until = clock() + settings.thresholds.stall_after_seconds + gap
+        while not stopped_early and last is not None and frozen(last) and clock() < until:
+            sleep(gap)
+            one(client)
     models = []
     if last is not None and ok >= 2:
         for name, d in sorted(last.diagnoses.items()):
@@ -119,11 +185,22 @@ def check(
                     "ttft_p99_seconds": s.ttft_p99.value if s.ttft_p99 else None,
                     "itl_p99_seconds": s.itl_p99.value if s.itl_p99 else None,
                     "requests_waiting_mean": s.waiting_mean,
+                    "seconds_without_progress": (
+                        s.progress.seconds_without_progress if s.progress else None
+                    ),
                     "unjudged": unjudged,
                     "idle": not active and s.ttft_p99 is None and s.itl_p99 is None,
                 }
             )
-    result: dict[str, Any] = {"url": url, "scrapes_ok": ok, "errors": errors, "models": models}
+    result: dict[str, Any] = {
+        "url": url,
+        "scrapes_ok": ok,
+        "scrapes_tried": sum(errors.values()) + ok,
+        "stopped_early": stopped_early,
+        # Each distinct error once, with how often it happened.
+        "errors": [{"error": e, "times": n} for e, n in errors.items()],
+        "models": models,
+    }
     result["verdict"] = judge(result)
     return result
 
@@ -134,15 +211,23 @@ def _fmt(x: float | None, unit: str = "") -> str:
 
 def _text(result: dict[str, Any]) -> str:
     lines = [f"vllm-triage check {result['url']}: {result['verdict'].replace('_', ' ')}"]
-    lines.extend(f"  scrape failed: {e}" for e in result["errors"][:3])
-    if result["scrapes_ok"] < 2:
+    for e in result["errors"]:
+        times = f" ({e['times']} of {result['scrapes_tried']} scrapes)" if e["times"] > 1 else ""
+        lines.append(f"  scrape failed{times}: {e['error']}")
+    if result["stopped_early"]:
+        lines.append("  stopped after the first scrape: waiting out the window would not help")
+    elif result["scrapes_ok"] < 2:
         lines.append("  fewer than two scrapes worked: nothing to compare")
     for m in result["models"]:
         name = m["model_name"] or "(no model_name)"
         if m["cause"]:
             lines.append(f"  {name}: {m['cause']} (confidence {m['confidence']:.2f})")
             lines.append(f"    {m['summary']}")
-            lines.extend(f"    fix: {item}" for item in m["remediation"][:3])
+            fixes = m["remediation"]
+            lines.extend(f"    fix: {item}" for item in fixes[:FIXES_SHOWN])
+            if len(fixes) > FIXES_SHOWN:
+                more = len(fixes) - FIXES_SHOWN
+                lines.append(f"    ({more} more fix{'es' if more > 1 else ''}: --format json)")
         elif m["unjudged"]:
             lines.append(
                 f"  {name}: busy, but too few requests finished in the window to judge; "
@@ -159,17 +244,39 @@ def _text(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def terminal_progress(stream: TextIO, *, window: float) -> Progress:
+    """A line on a terminal that shows each scrape as it happens, rewritten in place and
+    cleared when the check is done (so the verdict stands alone)."""
+    started = time.monotonic()
+
+    def show(done: int, total: int, outcome: str) -> None:
+        elapsed = time.monotonic() - started
+        line = f"check: scrape {done} of {total} {outcome}, {elapsed:.0f} of {window:g} s"
+        end = "\r\x1b[K" if done == total else ""
+        stream.write(f"\r\x1b[K{line}{end}")
+        stream.flush()
+
+    return show
+
+
 def run(args: argparse.Namespace) -> int:
     if args.scrapes < 2:
-        print("vllm-triage check: --scrapes must be at least 2", file=sys.stderr)
+        print("vllm-triage check: error: --scrapes must be at least 2", file=sys.stderr)
         return 2
-    result = check(
-        args.url,
-        window=args.window,
-        scrapes=args.scrapes,
-        timeout=args.timeout,
-        config=args.config,
-    )
+    progress = terminal_progress(sys.stderr, window=args.window) if sys.stderr.isatty() else None
+    try:
+        result = check(
+            args.url,
+            window=args.window,
+            scrapes=args.scrapes,
+            timeout=args.timeout,
+            config=args.config,
+            progress=progress,
+        )
+    finally:
+        if progress is not None:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
     if args.format == "json":
         print(json.dumps(result, indent=2, allow_nan=False))
     else:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from daemon.commands.argtypes import positive_float, positive_int
+from daemon.commands.argtypes import http_url, positive_float, positive_int
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -14,10 +15,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description=(
             "Scrape URL every --interval seconds and write each raw body to "
             "DIR/<unix_time_ms>.prom. A failed scrape is logged and skipped; the "
-            "recording goes on. Without --duration it runs until Ctrl-C."
+            "recording goes on. Without --duration it runs until Ctrl-C. Exit 1 if nothing "
+            "usable was recorded (every scrape failed, or no body held vLLM metrics)."
         ),
     )
-    p.add_argument("url", help="the vLLM server's metrics URL, e.g. http://127.0.0.1:8000/metrics")
+    p.add_argument(
+        "url",
+        type=http_url,
+        help="the vLLM server's metrics URL, e.g. http://127.0.0.1:8000/metrics",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write into (created)")
     p.add_argument(
         "--interval",
@@ -61,4 +67,11 @@ def run(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         max_body_bytes=args.max_body_bytes,
     )
-    return 0 if stats.written else 1
+    if stats.written > stats.unparseable:
+        return 0
+    if stats.written:
+        why = f"none of the {stats.written} bodies written to {args.out} holds vLLM metrics"
+    else:
+        why = f"nothing recorded: all {stats.failed} scrapes failed"
+    print(f"vllm-triage record: error: {why}: {stats.last_error}", file=sys.stderr)
+    return 1

@@ -30,6 +30,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(func=run)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def run(args: argparse.Namespace) -> int:
     from daemon.assemble import build_evaluator
     from daemon.core.evaluate import Evaluation
@@ -50,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
             print(transition_json(t) if args.format == "json" else transition_text(t), flush=True)
     if args.format == "text":
         print(
-            f"replayed {files} files ({skipped} skipped): {transitions} transitions",
+            f"replayed {_count(files, 'file')} ({skipped} skipped): "
+            f"{_count(transitions, 'transition')}",
             file=sys.stderr,
         )
     return 1 if args.strict and skipped else 0

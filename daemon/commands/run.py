@@ -34,14 +34,17 @@ example:
 
 
 def target_arg(text: str) -> dict[str, str]:
-    """``NAME=URL`` or a bare URL (named after its host and port)."""
+    """``NAME=URL`` or a bare URL (named after its host and port, as a config target
+    without a name is: ``settings.target_name``)."""
+    from daemon.settings import target_name
+
     name, sep, url = text.partition("=")
     if not sep or "://" in name:
         name, url = "", text
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(f"expected [NAME=]http://host:port/metrics, got {text!r}")
-    return {"name": name or parts.netloc, "url": url}
+    return {"name": name or target_name(url), "url": url}
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -213,8 +213,9 @@ def _serve(args: argparse.Namespace, scenario: Scenario) -> int:
             until_s=args.duration,
         )
     except OSError as exc:  # port in use, address not local, name not resolved
+        # A settings problem, as `run` says of its own --listen: exit 2.
         _error(f"cannot listen on {host}:{args.port}: {exc.strerror or exc}")
-        return 1
+        return 2
     flag = _StopFlag()
     previous = {sig: signal.signal(sig, flag) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

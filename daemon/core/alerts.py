@@ -27,6 +27,7 @@ from urllib.parse import quote
 from daemon.core.model import Cause, Diagnosis, Transition
 
 ALERTNAMES: dict[Cause, str] = {
+    "stalled": "VllmEngineStalled",
     "kv_pressure": "VllmKvPressure",
     "queue_bound": "VllmQueueBound",
     "prefill_bound": "VllmPrefillBound",

@@ -1,11 +1,20 @@
 """Signals -> Diagnosis: which SLO is breached, and why, following the physics.
 
+First, is the engine stepping at all? ``stalled`` is checked before anything else
+(``docs/physics.md``, "stalled"): a hung engine freezes every gauge at its last value and
+stops every counter, so the other signals are stale or empty, and it explains every
+symptom the users feel. While the engine shows no progress with work outstanding, and for
+one window after a stall ends (its delayed observations are still in the histograms),
+no other cause is judged.
+
 Symptoms (what the user feels) are checked against the SLO: TTFT p99, ITL p99, sustained
 waiting, and preemptions while the KV cache is tight. The *cause* is then chosen in causal
 order (``docs/physics.md``, "The four causes"): KV pressure makes requests wait, waiting
 inflates TTFT, and a long prefill stalls every decoding stream, so an earlier cause
 explains a later symptom and wins:
 
+0. ``stalled``: requests running or waiting (or a probe unanswered) and no progress at
+   all for ``stall_after_seconds``.
 1. ``kv_pressure``: requests wait or are preempted while the pool has room for less than
    one more request of the current average size (headroom counted in requests, not a
    fixed usage cut-off: in a small pool long requests leave it "full" well below 90 %).
@@ -26,9 +35,12 @@ import math
 from dataclasses import dataclass
 
 from daemon.core import roofline
-from daemon.core.model import CAUSES, Cause, Diagnosis, Quantile, Signals
+from daemon.core.model import CAUSES, Cause, Diagnosis, Progress, Quantile, Signals
 from daemon.core.roofline import StepRoofline
 from daemon.core.rulebook import Rulebook, Thresholds
+
+#: The causes judged from the symptoms, in causal order (``stalled`` is judged first, alone).
+SYMPTOM_CAUSES: tuple[Cause, ...] = tuple(c for c in CAUSES if c != "stalled")
 
 
 def _value(q: Quantile | None) -> float | None:
@@ -251,18 +263,7 @@ def _evidence(s: Signals, f: _Facts, rules: Rulebook) -> dict[str, float | int |
         ev["decode_ceiling_ratio"] = f.ceiling_ratio
     if f.roofline is not None:
         ev.update(roofline.evidence(f.roofline))
-    return _clean(ev)
-
-
-def _clean(
-    ev: dict[str, float | int | str | bool | None],
-) -> dict[str, float | int | str | bool | None]:
-    # A NaN from a broken target must not reach JSON output or a webhook as "NaN".
-    return {
-        k: (float(f"{v:.6g}") if isinstance(v, float) else v)
-        for k, v in ev.items()
-        if v is not None and not (isinstance(v, float) and not math.isfinite(v))
-    }
+    return _rounded(ev)
 
 
 def _fmt(x: float | None, unit: str = "", digits: int = 2) -> str:
@@ -452,17 +453,161 @@ def _decode_remediation(
     return picked or generic
 
 
-def diagnose(s: Signals, rules: Rulebook) -> Diagnosis:
-    """Judge one model's signals against the SLO and name the cause."""
+def stall_breach_seconds(rules: Rulebook, interval: float | None, open_after: int) -> float:
+    """Seconds without progress from which an evaluation is a ``stalled`` breach.
+
+    The incident tracker fires after ``open_after`` breached evaluations; a stall is
+    already a test of persistence, so waiting ``open_after`` more scrape intervals on top
+    would only delay the worst incident. The breach therefore starts that many intervals
+    early, so the alert fires at ``stall_after_seconds`` (never earlier than half of it).
+    """
+    after = rules.thresholds.stall_after_seconds
+    lead = (open_after - 1) * (interval or 0.0)
+    return max(after - lead, after / 2)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stall:
+    progress: Progress
+    breach_at: float
+    stalled: bool  # no progress with work outstanding for breach_at seconds
+    frozen: bool  # no progress with work outstanding, not (yet) that long
+    aftermath: bool  # a stall ended inside the window
+
+
+def _stall(s: Signals, rules: Rulebook, open_after: int) -> _Stall | None:
+    p = s.progress
+    if p is None:
+        return None
+    breach_at = stall_breach_seconds(rules, p.interval_seconds, open_after)
+    without = p.seconds_without_progress
+    return _Stall(
+        progress=p,
+        breach_at=breach_at,
+        stalled=without > 0 and without >= breach_at,
+        frozen=without > 0,
+        aftermath=p.previous_stall_seconds is not None and p.previous_stall_seconds >= breach_at,
+    )
+
+
+def _rounded(
+    ev: dict[str, float | int | str | bool | None],
+) -> dict[str, float | int | str | bool | None]:
+    # A NaN from a broken target must not reach JSON output or a webhook as "NaN".
+    return {
+        k: (float(f"{v:.6g}") if isinstance(v, float) else v)
+        for k, v in ev.items()
+        if v is not None and not (isinstance(v, float) and not math.isfinite(v))
+    }
+
+
+def _stall_evidence(
+    s: Signals, st: _Stall, rules: Rulebook
+) -> dict[str, float | int | str | bool | None]:
+    p = st.progress
+    ev: dict[str, float | int | str | bool | None] = {
+        "seconds_without_progress": p.seconds_without_progress,
+        "stall_after_seconds": rules.thresholds.stall_after_seconds,
+        "last_progress_at": p.last_progress_at,
+        "requests_running": p.running,
+        "requests_waiting": p.waiting,
+        "probe_unanswered_seconds": p.probe_unanswered_seconds,
+        "probe_last_reason": p.probe_last_reason,
+        "progress_series_checked": ",".join(p.checked),
+        **{f"last_{name}": value for name, value in p.last_values.items()},
+        "scrape_interval_seconds": p.interval_seconds,
+        "previous_stall_seconds": p.previous_stall_seconds,
+        "previous_stall_ended_seconds_ago": p.previous_stall_ended_seconds_ago,
+        "window_seconds": s.span_seconds,
+    }
+    return _rounded(ev)
+
+
+def _stalled(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
+    p = st.progress
+    outstanding = p.outstanding
+    gauges = None if outstanding is None else outstanding > 0
+    probe = p.probe_unanswered_seconds
+    probe_check = None if probe is None and p.probe_last_reason is None else probe is not None
+    checks: list[bool | None] = [True, gauges, probe_check, "iterations" in p.checked]
+    without = p.seconds_without_progress
+    if gauges:
+        owed = (
+            f"{p.running or 0:g} requests running and {p.waiting or 0:g} waiting "
+            "(gauges frozen at the last engine update)"
+        )
+    else:
+        owed = f"a one-token probe unanswered for {probe or 0:.0f} s while the gauges say idle"
+    summary = (
+        f"engine made no progress for {without:.0f} s with {owed}: no tokens, no engine "
+        "steps; /metrics still answers, so the API server lives and the engine does not"
+    )
+    evidence = _stall_evidence(s, st, rules)
+    evidence["breaches"] = "no_progress"
+    return Diagnosis(
+        model_name=s.model_name,
+        at=s.at,
+        breaches=("no_progress",),
+        cause="stalled",
+        confidence=_confidence(checks),
+        summary=summary,
+        evidence=evidence,
+        secondary=(),
+        remediation=rules.remediation.get("stalled", ()),
+    )
+
+
+def _held(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
+    """Nothing judged: the engine is not moving, yet not for long enough to call it
+    stalled (held: no verdict at all), or the window still holds a stall's delayed
+    observations (clear: the stall is over, and they are its)."""
+    p = st.progress
+    if st.frozen:
+        summary = (
+            f"no engine progress for {p.seconds_without_progress:.0f} s with work "
+            f"outstanding: the gauges are frozen, so no other cause is judged on them; "
+            f"stalled from {st.breach_at:.0f} s"
+        )
+    else:
+        summary = (
+            f"the engine resumed {p.previous_stall_ended_seconds_ago or 0:.0f} s ago after "
+            f"{p.previous_stall_seconds or 0:.0f} s without progress: this window's "
+            "latencies still hold the stall, so they are not judged until it has passed"
+        )
+    return Diagnosis(
+        model_name=s.model_name,
+        at=s.at,
+        breaches=(),
+        cause=None,
+        summary=summary,
+        evidence=_stall_evidence(s, st, rules),
+        # Frozen: no verdict yet, so an open incident is neither resolved nor advanced (a
+        # hang would otherwise "resolve" it). After a stall: clear, so the stall resolves.
+        held=st.frozen,
+    )
+
+
+def diagnose(s: Signals, rules: Rulebook, *, open_after: int = 1) -> Diagnosis:
+    """Judge one model's signals against the SLO and name the cause.
+
+    ``open_after`` is how many breached evaluations the caller's incident tracker waits
+    for before it fires (1 for a one-off verdict): it sets when a stall starts to breach
+    (``stall_breach_seconds``).
+    """
+    stall = _stall(s, rules, open_after)
+    if stall is not None and stall.stalled:
+        return _stalled(s, stall, rules)
+    if stall is not None and (stall.frozen or stall.aftermath):
+        return _held(s, stall, rules)
     f = _facts(s, rules)
     breaches = _breaches(f)
     if not breaches:
         # The roofline is worth watching while healthy too (how close to the hardware).
-        steady = _clean(roofline.evidence(f.roofline)) if f.roofline is not None else {}
+        steady = _rounded(roofline.evidence(f.roofline)) if f.roofline is not None else {}
         return Diagnosis(model_name=s.model_name, at=s.at, breaches=(), cause=None, evidence=steady)
     th = rules.thresholds
-    checks = {cause: _checks(cause, f, th) for cause in CAUSES}
-    candidates = [cause for cause in CAUSES if checks[cause][0]]
+    checks = {cause: _checks(cause, f, th) for cause in SYMPTOM_CAUSES}
+    candidates = [cause for cause in SYMPTOM_CAUSES if checks[cause][0]]
     if not candidates:
         # Every breach maps to a cause above; this only guards against a future symptom
         # without one. Fall back on the symptom itself rather than staying silent.
@@ -493,3 +638,9 @@ def diagnose(s: Signals, rules: Rulebook) -> Diagnosis:
         secondary=tuple(candidates[1:]),
         remediation=remediation,
     )
+
+
+def measurements(s: Signals, rules: Rulebook) -> dict[str, float | int | str | bool | None]:
+    """The numbers a diagnosis's evidence holds, for every evaluation, healthy ones too:
+    what the report and the status page chart (``daemon/core/timeline.py``)."""
+    return _evidence(s, _facts(s, rules), rules)

@@ -65,7 +65,7 @@ class Evaluator:
         self._warming = {r.model_name for r in records}
         self._warm_from = None
 
-    def _held(self, model: str, d: Diagnosis, at: float) -> bool:
+    def _warming_up(self, model: str, d: Diagnosis, at: float) -> bool:
         """Whether this clear evaluation is too early after a restore to count."""
         if not self._warming:
             return False
@@ -114,11 +114,14 @@ class Evaluator:
         transitions: list[Transition] = []
         for model in sorted(signals):
             rules = rulebooks.get(model, self.rulebook)
-            d = diagnose(signals[model], rules)
+            d = diagnose(signals[model], rules, open_after=self.incidents.open_after)
             if rules.provenance:
                 d = dataclasses.replace(d, evidence=dict(d.evidence) | dict(rules.provenance))
             diagnoses[model] = d
-            if not self._held(model, d, at):
+            # Two reasons to keep a verdict from the tracker: the diagnosis itself has
+            # none (a frozen engine, not yet stalled), or it is a clear evaluation too
+            # early after a restore to count towards resolving.
+            if not d.held and not self._warming_up(model, d, at):
                 transitions.extend(self.incidents.observe(d))
         self.incidents.forget_clear(set(diagnoses))
         return Evaluation(

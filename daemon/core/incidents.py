@@ -172,6 +172,12 @@ class IncidentTracker:
         track = self._tracks.get(model)
         return track.state if track else State.CLEAR
 
+    def clear_run(self, model: str) -> int:
+        """Consecutive clear evaluations of an incident that is resolving (0 otherwise):
+        it resolves when this reaches ``resolve_after``."""
+        track = self._tracks.get(model)
+        return track.run if track is not None and track.state is State.RESOLVING else 0
+
     def active(self) -> list[Active]:
         return [
             Active(model, t.cause, t.started_at)
@@ -253,7 +259,7 @@ class IncidentTracker:
             t.challenger, t.challenger_run = None, 0
             return [resolved, _transition("firing", reason, t, d)]
         out = [_transition("resolved", Reason.RESOLVED, t, d)]
-        t.cause = None
+        t.cause, t.started_at = None, 0.0  # nothing open: no start to keep (or export)
         return out
 
 

@@ -15,10 +15,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-Cause = Literal["prefill_bound", "decode_bound", "queue_bound", "kv_pressure"]
-#: Causes in causal order (see ``diagnose``): KV pressure makes requests wait, waiting
-#: inflates TTFT, and a long prefill stalls decode; the earlier cause explains the later.
-CAUSES: tuple[Cause, ...] = ("kv_pressure", "queue_bound", "prefill_bound", "decode_bound")
+Cause = Literal["stalled", "prefill_bound", "decode_bound", "queue_bound", "kv_pressure"]
+#: Causes in causal order (see ``diagnose``): a hung engine explains every other symptom,
+#: KV pressure makes requests wait, waiting inflates TTFT, and a long prefill stalls
+#: decode; the earlier cause explains the later.
+CAUSES: tuple[Cause, ...] = (
+    "stalled",
+    "kv_pressure",
+    "queue_bound",
+    "prefill_bound",
+    "decode_bound",
+)
 
 Era = Literal["v0", "transitional", "v1", "unknown"]
 
@@ -76,6 +83,8 @@ class ModelSeries:
     prompt_tokens: float | None = None
     generation_tokens: float | None = None
     requests_finished: float | None = None
+    #: Engine steps that produced stats: ``vllm:iteration_tokens_total_count``.
+    iterations: float | None = None
     ttft: Histogram | None = None
     itl: Histogram | None = None
     queue_time: Histogram | None = None
@@ -90,12 +99,28 @@ class ModelSeries:
 
 
 @dataclass(frozen=True, slots=True)
+class ProbeStatus:
+    """The active probe of a target when it was scraped (``daemon/probe.py``): one-token
+    completions sent to the server's API, one at a time, each with a deadline.
+
+    ``unanswered_since`` is when the oldest probe that has had no answer yet was sent (one
+    in flight, or one that ran past its deadline); ``None`` once a probe was answered.
+    An unanswered probe is work the engine owes even when its gauges say it is idle.
+    """
+
+    unanswered_since: float | None = None
+    last_seconds: float | None = None
+    last_reason: str | None = None  # None when the last probe was answered in time
+
+
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """One scrape of one target, reduced to the series the diagnosis needs.
 
     ``problems`` lists series that were present but unusable (a NaN gauge, a histogram
     without its +Inf bucket): they are left out of ``models`` and said here, so nothing
-    is dropped silently.
+    is dropped silently. ``probe`` is the active probe's state at the scrape, when the
+    target has one; it applies to every model of the target (they share one engine).
     """
 
     at: float
@@ -104,6 +129,7 @@ class Snapshot:
     models: Mapping[str, ModelSeries]
     kv_pool: KVPool | None = None
     problems: tuple[str, ...] = ()
+    probe: ProbeStatus | None = None
 
 
 Position = Literal["interpolated", "above_last_bound", "below_first_bound"]
@@ -121,6 +147,42 @@ class Quantile:
     q: float
     value: float
     position: Position = "interpolated"
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Whether the engine is stepping: when its step-driven series last moved.
+
+    vLLM writes its gauges and counters only when the engine completes a step, so a hung
+    engine leaves every one of them frozen while ``/metrics`` still answers
+    (``docs/physics.md``, "stalled"). Any change in ``checked`` (a counter up, a counter
+    down after a restart, a gauge moving) is progress. ``seconds_without_progress``
+    counts only time with work outstanding: requests running or waiting in the frozen
+    gauges, or a probe still unanswered; it is 0 otherwise. ``previous_stall_*`` describe
+    the last stretch without progress that ended inside the window, whose delayed
+    observations (a minute-long inter-token gap, a TTFT that waited out the stall) are
+    still in the window's histograms.
+    """
+
+    last_progress_at: float
+    seconds_without_progress: float
+    running: float | None = None
+    waiting: float | None = None
+    probe_unanswered_seconds: float | None = None
+    probe_last_reason: str | None = None
+    checked: tuple[str, ...] = ()
+    last_values: Mapping[str, float] = field(default_factory=dict)
+    previous_stall_seconds: float | None = None
+    previous_stall_ended_seconds_ago: float | None = None
+    #: Mean seconds between the window's snapshots (the scrape interval, as seen).
+    interval_seconds: float | None = None
+
+    @property
+    def outstanding(self) -> float | None:
+        """Requests running or waiting at the last engine update (``None``: not exposed)."""
+        if self.running is None and self.waiting is None:
+            return None
+        return (self.running or 0.0) + (self.waiting or 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +225,7 @@ class Signals:
     mean_generation_tokens: float | None = None
     decode_tokens_per_second_per_stream: float | None = None
     kv_pool_tokens: int | None = None
+    progress: Progress | None = None
     missing: Mapping[str, str] = field(default_factory=dict)
     #: Data-parallel engines serving the model (the gauges' series in the newest scrape).
     engines: int = 1
@@ -228,6 +291,10 @@ class WindowTotals:
     #: Histogram fields whose bucket bounds changed inside the window.
     layout_changed: frozenset[str] = frozenset()
     dram_active_mean: float | None = None
+    #: The engine's progress (the sidecar's window watches it across snapshots); when
+    #: ``None``, ``progress_missing`` says why.
+    progress: Progress | None = None
+    progress_missing: str = "not exposed by this vLLM: no token, step or latency counter"
 
 
 Evidence = Mapping[str, float | int | str | bool | None]
@@ -238,7 +305,10 @@ class Diagnosis:
     """One evaluation's verdict for one model.
 
     ``breaches`` names the SLO symptoms that were breached; ``cause`` is ``None`` when
-    nothing was. ``evidence`` holds the numbers that decided it.
+    nothing was. ``evidence`` holds the numbers that decided it. ``held`` is an evaluation
+    without a verdict: the engine showed no progress with work outstanding, but not yet
+    for long enough to call it stalled, and its frozen gauges are not evidence of anything
+    else; the incident tracker skips it, so an open incident neither resolves nor advances.
     """
 
     model_name: str
@@ -250,6 +320,7 @@ class Diagnosis:
     evidence: Evidence = field(default_factory=dict)
     secondary: tuple[Cause, ...] = ()
     remediation: tuple[str, ...] = ()
+    held: bool = False
 
     @property
     def breached(self) -> bool:

@@ -13,7 +13,9 @@ vLLM renamed several series (see ``tests/fixtures/vllm/SOURCES.md`` and vLLM's
 - Speculative decoding (V1, only when it is on) counts drafts, draft tokens and accepted
   tokens (``vllm:spec_decode_num_*_total``, one draft per request per engine step);
   ``vllm:iteration_tokens_total`` is a histogram of tokens per engine step (prompt
-  tokens of the prefills that completed plus the tokens generated), both eras.
+  tokens of the prefills that completed plus the tokens generated), both eras. Its
+  ``_count`` is also the count of engine steps: the most direct sign that the engine is
+  stepping (``ModelSeries.iterations``; ``docs/physics.md``, "stalled").
 - Ray Serve re-exports the same families with the prefix ``ray_vllm:``.
 - Since 0.12 every counter and histogram has a ``_created`` sample (exposed by
   prometheus_client as a separate ``..._created`` gauge family); those names are simply

@@ -278,6 +278,16 @@ def _histogram(acc: _Acc, where: str, problems: list[str]) -> Histogram | None:
     return Histogram(bounds=bounds, cumulative=cumulative, count=acc.hcount, sum=acc.hsum)
 
 
+def _steps(accs: dict[tuple[str, str, str], _Acc], model: str) -> float | None:
+    """Engine steps so far: the iteration histogram's ``_count`` (one observation per step).
+
+    Read even when the histogram's buckets are unusable: the count alone says whether the
+    engine is stepping, which is what a stall is judged on.
+    """
+    acc, _ = _pick(accs, model, "iteration_tokens")
+    return acc.hcount if acc is not None else None
+
+
 def _kv_pool(pools: list[LabelSet], problems: list[str]) -> KVPool | None:
     if not pools:
         return None
@@ -348,6 +358,7 @@ def _assemble(
             prompt_tokens=counters.get("prompt_tokens"),
             generation_tokens=counters.get("generation_tokens"),
             requests_finished=counters.get("requests_finished"),
+            iterations=_steps(accs, model),
             ttft=hists.get("ttft"),
             itl=hists.get("itl"),
             queue_time=hists.get("queue_time"),

@@ -18,11 +18,14 @@ def iso(at: float) -> str:
 def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
     """One evaluation's verdict as JSON-ready values: the one shape ``replay``, the API
     and ``check`` all print."""
+    evidence: dict[str, Any] = dict(d.evidence)
+    if "breaches" in evidence:  # a list here as at the top level, not "a,b"
+        evidence["breaches"] = list(d.breaches)
     return {
         "confidence": d.confidence,
         "summary": d.summary,
         "breaches": list(d.breaches),
-        "evidence": dict(d.evidence),
+        "evidence": evidence,
         "remediation": list(d.remediation),
         "secondary": list(d.secondary),
     }

@@ -37,6 +37,7 @@ class Thresholds:
     near_ceiling_ratio: float
     roofline_impossible_ratio: float
     dram_active_busy: float
+    stall_after_seconds: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,10 @@ max of the window's samples. Deltas are taken pairwise between consecutive snaps
 when a snapshot arrives, so a counter reset (a restarted vLLM) inside the window counts
 from zero instead of producing a negative rate, and is paid for once, not per evaluation.
 
+Progress (is the engine stepping at all?) is tracked beside the window, per model, and
+outlives it: a hung engine can stay frozen for longer than the window is long, and the
+time of the last progress must survive the snapshots that showed it (``Progress``).
+
 Nothing here reads a clock: the window is defined by the snapshots' own ``at``.
 """
 
@@ -26,12 +30,59 @@ from daemon.core.model import (
     GaugeStats,
     Histogram,
     ModelSeries,
+    Progress,
     Quantile,
     Signals,
     Snapshot,
     WindowTotals,
 )
 from daemon.core.names import COUNTER_FIELDS, HISTOGRAM_FIELDS
+
+#: The series vLLM writes only when its engine completes a step (docs/physics.md,
+#: "stalled"): token and step counters, the TTFT and ITL observation counts, and the
+#: scheduler's gauges. Request-level series (finished requests, e2e time) are left out:
+#: a client that gives up can end a request in the API server without the engine.
+PROGRESS_COUNTERS = ("generation_tokens", "prompt_tokens", "iterations", "preemptions")
+PROGRESS_COUNTS = ("ttft", "itl")
+PROGRESS_GAUGES = ("running", "waiting", "kv_usage")
+
+
+def progress_values(series: ModelSeries) -> dict[str, float]:
+    """The step-driven values one model exposed (``_count`` for histograms)."""
+    out: dict[str, float] = {}
+    for name in (*PROGRESS_COUNTERS, *PROGRESS_GAUGES):
+        value = getattr(series, name)
+        if value is not None:
+            out[name] = value
+    for name in PROGRESS_COUNTS:
+        h = getattr(series, name)
+        if h is not None:
+            out[f"{name}_count"] = h.count
+    return out
+
+
+@dataclass(slots=True)
+class _Watch:
+    """One model's progress across snapshots (kept while the model is exposed)."""
+
+    values: dict[str, float]
+    seen_at: float  # the last snapshot's time
+    progress_at: float  # the last snapshot at which a value moved (or watching began)
+    without: float = 0.0  # seconds without progress, with work outstanding, at seen_at
+    #: The last stretch without progress that ended: (seconds it lasted, when it ended).
+    stall: tuple[float, float] | None = None
+
+
+def _without_progress(values: dict[str, float], progress_at: float, snapshot: Snapshot) -> float:
+    """Seconds the engine has owed work without moving: since the last progress while the
+    frozen gauges show requests, or since the probe went unanswered (when later)."""
+    starts: list[float] = []
+    if values.get("running", 0.0) + values.get("waiting", 0.0) > 0:
+        starts.append(progress_at)
+    probe = snapshot.probe
+    if probe is not None and probe.unanswered_since is not None:
+        starts.append(max(progress_at, probe.unanswered_since))
+    return max(0.0, snapshot.at - min(starts)) if starts else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +275,7 @@ class Window:
         self.seconds = seconds
         self.min_observations = min_observations
         self._entries: deque[tuple[Snapshot, dict[str, _Step]]] = deque()
+        self._watch: dict[str, _Watch] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -244,7 +296,61 @@ class Window:
         horizon = snapshot.at - self.seconds
         while self._entries[0][0].at < horizon:
             self._entries.popleft()
+        self._watch_progress(snapshot)
         return True
+
+    def _watch_progress(self, snapshot: Snapshot) -> None:
+        """Update each model's progress; forget models the snapshot no longer has."""
+        at = snapshot.at
+        for name in [m for m in self._watch if m not in snapshot.models]:
+            del self._watch[name]
+        for name, series in snapshot.models.items():
+            values = progress_values(series)
+            w = self._watch.get(name)
+            if w is None or at - w.seen_at > self.seconds:
+                # First sight, or a gap longer than the window (the daemon paused, the
+                # target was down or restarting): what happened in between is unknown,
+                # so the watch starts again here rather than count the gap as a stall.
+                w = self._watch[name] = _Watch(values, at, at)
+            elif values != w.values:
+                # A step happened (a counter up, a gauge moved) or the counters went down:
+                # a restarted server. Either way the engine is not stuck.
+                if w.without > 0 and (
+                    w.stall is None or w.without >= w.stall[0] or at - w.stall[1] > self.seconds
+                ):
+                    w.stall = (w.without, at)
+                w.values, w.progress_at = values, at
+            w.seen_at = at
+            w.without = _without_progress(values, w.progress_at, snapshot)
+
+    def _progress(self, model: str, newest: Snapshot, interval: float | None) -> Progress | None:
+        w = self._watch.get(model)
+        if w is None or not any(k not in PROGRESS_GAUGES for k in w.values):
+            # Gauges alone can sit still on a busy server: without a counter that must
+            # move when the engine steps, "no progress" cannot be told from "steady".
+            return None
+        stall = w.stall
+        recent = stall is not None and newest.at - stall[1] <= self.seconds
+        probe = newest.probe
+        return Progress(
+            last_progress_at=w.progress_at,
+            seconds_without_progress=w.without,
+            running=w.values.get("running"),
+            waiting=w.values.get("waiting"),
+            probe_unanswered_seconds=(
+                newest.at - probe.unanswered_since
+                if probe is not None and probe.unanswered_since is not None
+                else None
+            ),
+            probe_last_reason=probe.last_reason if probe is not None else None,
+            checked=tuple(w.values),
+            last_values=dict(w.values),
+            previous_stall_seconds=stall[0] if stall is not None and recent else None,
+            previous_stall_ended_seconds_ago=(
+                newest.at - stall[1] if stall is not None and recent else None
+            ),
+            interval_seconds=interval,
+        )
 
     def models(self) -> list[str]:
         """Models in the newest snapshot, the ones there is something to say about."""
@@ -278,10 +384,14 @@ class Window:
             [steps.get(model) for _, steps in entries[1:]],
         )
         newest_series = newest.models.get(model)
+        span = newest.at - first.at
+        progress = self._progress(
+            model, newest, span / (len(entries) - 1) if len(entries) > 1 else None
+        )
         return WindowTotals(
             model_name=model,
             at=newest.at,
-            span_seconds=newest.at - first.at,
+            span_seconds=span,
             snapshots=len(entries),
             counters=counters,
             histograms=hists,
@@ -293,6 +403,7 @@ class Window:
             engines=newest_series.engines if newest_series is not None else 1,
             kv_pool_tokens=newest.kv_pool.tokens if newest.kv_pool is not None else None,
             layout_changed=frozenset(layout_changed),
+            progress=progress,
         )
 
 
@@ -348,6 +459,8 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
         missing[f"{name}_layout"] = "bucket bounds changed inside the window"
     queued = hists.get("queue_time") if span > 0 else None
     steps = _EngineSteps.of(dict(counters), hists.get("iteration_tokens") if span > 0 else None)
+    if t.progress is None:
+        missing["progress"] = t.progress_missing
 
     return Signals(
         model_name=t.model_name,
@@ -386,6 +499,7 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
             steps.tokens_per_step / itl.mean if itl.mean is not None and itl.mean > 0 else None
         ),
         kv_pool_tokens=t.kv_pool_tokens,
+        progress=t.progress,
         missing=missing,
         engines=t.engines,
         iteration_tokens=steps.histogram,

@@ -8,38 +8,46 @@ server (``simulator.serve``) playing a scenario at ``speed`` times real time, th
 The daemon's clock runs at the simulator's speed, so its 60 s window, its scrape
 interval (5 simulated seconds) and the incident timings are those of a real server
 watched in real time: only the wall clock is faster.
+
+The verdict is what the receiver got (the whole pipeline, not the core alone), checked
+against what each phase of the scenario was built to show (``demo.expectations``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from daemon.core.model import Cause, Transition
+from daemon.core.model import Transition
 from daemon.core.report import transition_text
-from daemon.demo.offline import EXPECTED, START_AT
+from daemon.demo.expectations import Event, Segment, problems, segments
+from daemon.demo.offline import START_AT, TAIL_S, expected_of
 from daemon.demo.sink import WebhookSink
-from daemon.demo.view import DemoTarget, render
+from daemon.demo.tour_report import LiveRecorder, demo_folder
+from daemon.demo.view import DemoTarget, render, status_lines
+from daemon.errors import ConfigError, RecordingError
+from daemon.reportfile import WrittenReport, write_report
 from daemon.service import Daemon
 from daemon.settings import Settings, load_settings
 from daemon.simulator import Scenario, get_scenario
 from daemon.simulator.serve import SimulatedServer
 
-#: The default targets: the tour through every cause, and a server at its decode
-#: ceiling (the tour swaps cards, so only a one-card scenario shows the ceiling ratio).
-DEFAULT_LIVE = ("tour", "decode_bound")
+#: The default target: the tour through every cause, on one card.
+DEFAULT_LIVE = ("tour",)
 #: Simulated seconds between scrapes, as a default `run` would do in real time.
 SCRAPE_EVERY_SIM_S = 5.0
-#: After the scenario, long enough for its last incident to resolve.
-TAIL_SIM_S = 60.0
 REDRAW_S = 0.5
+#: Off a terminal, the signals are printed this often (simulated seconds).
+STATUS_EVERY_SIM_S = 30.0
 #: Home the cursor and clear the screen: the view redraws in place on a terminal.
 CLEAR = "\x1b[H\x1b[2J"
 
@@ -52,7 +60,7 @@ def scaled_clock(speed: float, origin: float = START_AT) -> Callable[[], float]:
 
 def _hardware(scenario: Scenario) -> dict[str, Any]:
     """The target's card and model, for its decode ceiling. None for a scenario that swaps
-    cards between phases (``tour``): no one ceiling is true for all of it."""
+    cards between phases: no one ceiling is true for all of it."""
     if any(p.spec is not None for p in scenario.phases):
         return {}
     spec = scenario.spec
@@ -62,29 +70,73 @@ def _hardware(scenario: Scenario) -> dict[str, Any]:
     }
 
 
+def shared_slo(scenarios: Mapping[str, Scenario]) -> dict[str, float]:
+    """The SLOs the scenarios are built for; one daemon judges them all with one set, so
+    scenarios built for different SLOs cannot share a run."""
+    slos = {name: dict(s.slo) for name, s in scenarios.items()}
+    first = next(iter(slos.values()), {})
+    if any(slo != first for slo in slos.values()):
+        shown = "; ".join(f"{n}: {slo or 'the defaults'}" for n, slo in slos.items())
+        raise ConfigError(
+            f"these scenarios are built for different SLOs ({shown}); run them one at a time"
+        )
+    return first
+
+
+def _when(text: str) -> float:
+    """An Alertmanager time (RFC 3339, UTC) as unix seconds."""
+    return datetime.fromisoformat(text).timestamp()
+
+
 @dataclass(slots=True)
 class LiveDemoResult:
-    fired: dict[str, list[Cause]] = field(default_factory=dict)
-    resolved: dict[str, list[Cause]] = field(default_factory=dict)
-    still_firing: dict[str, list[Cause]] = field(default_factory=dict)
+    #: Per target, the transitions its alerts told the receiver (seconds since the start).
+    events: dict[str, list[Event]] = field(default_factory=dict)
+    still_firing: dict[str, list[str]] = field(default_factory=dict)
+    segments: dict[str, list[Segment]] = field(default_factory=dict)
     delivered: int = 0
     failed: int = 0
+    #: The first notification the receiver got, as it arrived.
+    first_payload: dict[str, Any] | None = None
+    #: Stopped by Ctrl-C (or SIGTERM) before the scenario was over.
+    interrupted: bool = False
+    #: Per target, the daemon's failed scrapes of the simulator, by reason.
+    scrape_failures: dict[str, dict[str, int]] = field(default_factory=dict)
+    speed: float = 0.0
+    #: The post-mortem of the recorded target (``tour_report``), and where it lives.
+    report: WrittenReport | None = None
+    report_error: str = ""
+    status_url: str = ""
+
+    def fired(self, name: str) -> list[str]:
+        return [e.cause for e in self.events.get(name, []) if e.event == "firing"]
+
+    def resolved(self, name: str) -> list[str]:
+        return [e.cause for e in self.events.get(name, []) if e.event == "resolved"]
 
     def verdicts(self) -> dict[str, tuple[bool, str]]:
+        """Per target: as built or not, and why (every problem, or what fired)."""
         out = {}
-        for name, fired in self.fired.items():
-            if name == "tour":
-                missing = [c for c in EXPECTED.values() if c and c not in fired]
-                ok = not missing and not self.still_firing[name]
-                why = f"missed {', '.join(missing)}" if missing else "every cause fired"
-                if self.still_firing[name]:
-                    why += f"; still firing: {', '.join(self.still_firing[name])}"
+        for name, events in self.events.items():
+            segs = self.segments.get(name, [])
+            if not segs:
+                out[name] = (True, "no expectations stated; see what fired")
+                continue
+            found = problems(segs, events, still_firing=self.still_firing.get(name, []))
+            failures = self.scrape_failures.get(name, {})
+            if found and failures:
+                # Most likely why: the machine could not simulate at this speed.
+                said = ", ".join(f"{n} {reason}" for reason, n in sorted(failures.items()))
+                found.append(
+                    f"the daemon's scrapes of the simulator failed ({said}): this machine "
+                    f"did not keep up at {self.speed:g}x; try a lower --speed"
+                )
+            if found:
+                out[name] = (False, "; ".join(found))
             else:
-                want = EXPECTED.get(name)
-                first = fired[0] if fired else None
-                ok = first == want
-                why = f"first diagnosis {first or 'none'}, built to show {want or 'none'}"
-            out[name] = (ok, why)
+                causes = [s.expect for s in segs if s.expect != "healthy"]
+                said = ", ".join(causes) if causes else "nothing (healthy)"
+                out[name] = (True, f"each phase's own cause fired first, nothing else: {said}")
         return out
 
 
@@ -97,12 +149,17 @@ def demo_settings(
     listen: str,
     sink_url: str,
 ) -> Settings:
+    """The daemon's settings: the scenarios' own SLOs under the user's file and variables,
+    a scrape every 5 simulated seconds, each target told its card, the local receiver."""
+    slo = shared_slo(scenarios)
     return load_settings(
         config,
         {
             "listen": listen,
             "interval_seconds": SCRAPE_EVERY_SIM_S / speed,
-            "scrape_timeout_seconds": 2.0,
+            # Wall seconds: a simulator that falls behind on a busy machine answers late
+            # rather than not at all (the ticks in between are skipped, and counted).
+            "scrape_timeout_seconds": 10.0,
             "shutdown_grace_seconds": 5.0,
             "targets": [
                 {"name": name, "url": urls[name], **_hardware(s)} for name, s in scenarios.items()
@@ -117,6 +174,7 @@ def demo_settings(
                 }
             ],
         },
+        base={"slo": slo} if slo else None,
     )
 
 
@@ -129,9 +187,13 @@ def run_live_demo(
     duration_s: float | None,
     out: Callable[[str], None] = print,
     tty: bool | None = None,
+    keep_running: bool = False,
+    report: Callable[[LiveDemoResult], None] | None = None,
 ) -> LiveDemoResult:
+    """Run the demo; ``report`` is called with the result when the scenario is over (with
+    ``keep_running``, before the demo waits for Ctrl-C with its URLs still serving)."""
     scenarios = {name: get_scenario(name) for name in names}
-    total = duration_s or max(s.duration_s for s in scenarios.values()) + TAIL_SIM_S
+    total = duration_s or max(s.duration_s for s in scenarios.values()) + TAIL_S
     servers = {
         name: SimulatedServer(s, host="127.0.0.1", port=0, speed=speed, naming="v1")
         for name, s in scenarios.items()
@@ -151,36 +213,38 @@ def run_live_demo(
                 config, scenarios=scenarios, urls=urls, speed=speed, listen=at, sink_url=sink.url
             )
 
+        clock = scaled_clock(speed)
         try:
-            daemon = Daemon(settings(listen), clock=scaled_clock(speed), default_state_dir=state)
+            daemon = Daemon(settings(listen), clock=clock, default_state_dir=state)
         except OSError:
             # The default port is taken (another daemon?): any free port will do.
-            daemon = Daemon(
-                settings("127.0.0.1:0"), clock=scaled_clock(speed), default_state_dir=state
-            )
+            daemon = Daemon(settings("127.0.0.1:0"), clock=clock, default_state_dir=state)
         for t in threads:
             t.start()
-        demo = _Demo(daemon, servers, scenarios, sink, total=total, speed=speed)
+        # The tour (or the first target) is recorded beside the daemon, for its report.
+        reported = "tour" if "tour" in scenarios else next(iter(scenarios))
+        recorder = LiveRecorder(
+            urls[reported],
+            demo_folder() / reported,
+            clock=clock,
+            interval_s=SCRAPE_EVERY_SIM_S / speed,
+        )
+        recorder.start()
+        demo = _Demo(daemon, servers, scenarios, sink, total=total, speed=speed, recorder=recorder)
         try:
-            asyncio.run(demo.drive(out, sys.stdout.isatty() if tty is None else tty))
+            return asyncio.run(
+                demo.drive(
+                    out,
+                    sys.stdout.isatty() if tty is None else tty,
+                    keep_running=keep_running,
+                    report=report or (lambda result: None),
+                )
+            )
         finally:
+            recorder.stop()
             stop_sims.set()
             for t in threads:
                 t.join(timeout=5)
-        received = sink.received
-    # The verdict is what the receiver got: the whole pipeline, not the core alone.
-    result = LiveDemoResult(delivered=len(received))
-    for w in daemon.watchers:
-        name = w.state.name
-        result.fired[name], result.resolved[name] = [], []
-        result.still_firing[name] = [a.cause for a in w.evaluator.incidents.active()]
-    for payload in received:
-        for alert in payload.get("alerts", []):
-            labels = alert.get("labels", {})
-            kind = result.fired if alert.get("status") == "firing" else result.resolved
-            kind.setdefault(labels.get("target", "?"), []).append(labels.get("diagnosis"))
-    result.failed = sum(d.stats.failed for d in daemon.notifier.deliveries)
-    return result
 
 
 def _line(t: Transition) -> str:
@@ -195,39 +259,109 @@ class _Demo:
     sink: WebhookSink
     total: float
     speed: float
+    recorder: LiveRecorder
+    interrupted: bool = False
 
     @property
     def sim_t(self) -> float:
         return next(iter(self.servers.values())).live.t
 
-    async def drive(self, out: Callable[[str], None], interactive: bool) -> None:
+    async def drive(
+        self,
+        out: Callable[[str], None],
+        interactive: bool,
+        *,
+        keep_running: bool,
+        report: Callable[[LiveDemoResult], None],
+    ) -> LiveDemoResult:
         daemon = self.daemon
         stop = asyncio.Event()
-        task = asyncio.create_task(daemon.run(stop, handle_signals=True))
+        loop = asyncio.get_running_loop()
+
+        def interrupt() -> None:
+            self.interrupted = True
+            stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, interrupt)
+        task = asyncio.create_task(daemon.run(stop))
         if not interactive:
             out(
                 f"vllm-triage demo: simulated vLLM ({', '.join(self.scenarios)}) at "
                 f"{self.speed:g}x -> daemon -> local webhook receiver; "
                 f"{self.total:.0f} simulated seconds\n"
+                f"  status page:     {daemon.url}/\n"
                 f"  derived metrics: {daemon.url}/metrics\n"
                 f"  diagnoses:       {daemon.url}/api/v1/diagnoses\n"
             )
-        printed = {w.state.name: 0 for w in daemon.watchers}
-        while not task.done() and self.sim_t < self.total:
+        scroll = _Scroll(self, out)
+        while not task.done() and not stop.is_set() and self.sim_t < self.total:
             await asyncio.sleep(REDRAW_S)
             if interactive:
                 out(CLEAR + self.screen())
-                continue
-            for w in daemon.watchers:
-                st = w.state
-                new = min(st.transitions - printed[st.name], len(st.recent))
-                for t in list(st.recent)[len(st.recent) - new :]:
-                    out(f"  [{st.name}] " + _line(t))
-                printed[st.name] = st.transitions
+            else:
+                scroll.update()
         if interactive:
             out(CLEAR + self.screen())
+        result = self.result()
+        self._write_report(result)
+        report(result)
+        if keep_running and not self.interrupted and not task.done():
+            out(
+                f"\nStill serving (the simulator holds its last phase): {daemon.url}/metrics, "
+                f"{daemon.url}/api/v1/diagnoses. Press Ctrl-C to stop."
+            )
+            await stop.wait()
         stop.set()
         await task
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        return result
+
+    def _write_report(self, result: LiveDemoResult) -> None:
+        """The post-mortem report of the recorded target, from what was recorded so far."""
+        self.recorder.stop()
+        daemon = self.daemon
+        result.status_url = f"{daemon.url}/"
+        name = self.recorder.folder.name
+        target = next(t for t in daemon.settings.targets if t.name == name)
+        out_file = self.recorder.folder.parent / f"{name}-report.html"
+        try:
+            result.report = write_report(
+                self.recorder.folder, daemon.settings.for_target(target), out_file
+            )
+        except (OSError, RecordingError) as exc:
+            result.report_error = f"no report of {name}: {exc}"
+
+    def result(self) -> LiveDemoResult:
+        """What the receiver got, per target, as the self-check reads it."""
+        received = self.sink.received
+        res = LiveDemoResult(
+            delivered=len(received), interrupted=self.interrupted, speed=self.speed
+        )
+        res.first_payload = received[0] if received else None
+        seen: set[tuple[str, str, str, float]] = set()
+        for w in self.daemon.watchers:
+            name = w.state.name
+            res.events[name] = []
+            res.still_firing[name] = [a.cause for a in w.evaluator.incidents.active()]
+            res.scrape_failures[name] = dict(w.state.failures)
+            res.segments[name] = segments(self.scenarios[name], default=expected_of(name))
+        for payload in received:
+            for alert in payload.get("alerts", []):
+                labels = alert.get("labels", {})
+                firing = alert.get("status") == "firing"
+                at = _when(alert["startsAt"] if firing else alert["endsAt"]) - START_AT
+                key = (labels.get("target", "?"), alert.get("status", ""), labels["diagnosis"], at)
+                if key in seen:  # a repeat notification of the same alert
+                    continue
+                seen.add(key)
+                event = Event(at, "firing" if firing else "resolved", labels["diagnosis"])
+                res.events.setdefault(key[0], []).append(event)
+        for events in res.events.values():
+            events.sort(key=lambda e: e.at)
+        res.failed = sum(d.stats.failed for d in self.daemon.notifier.deliveries)
+        return res
 
     def screen(self) -> str:
         targets = []
@@ -244,3 +378,34 @@ class _Demo:
             delivered=len(self.sink.received),
             start_at=START_AT,
         )
+
+
+@dataclass
+class _Scroll:
+    """The demo off a terminal: each phase as it starts, the signals every
+    ``STATUS_EVERY_SIM_S``, and every transition, as lines that scroll."""
+
+    demo: _Demo
+    out: Callable[[str], None]
+    printed: dict[str, int] = field(default_factory=dict)
+    phases: dict[str, str] = field(default_factory=dict)
+    next_status: float = STATUS_EVERY_SIM_S
+
+    def update(self) -> None:
+        demo = self.demo
+        for w in demo.daemon.watchers:
+            st = w.state
+            label = demo.scenarios[st.name].phase_at(demo.servers[st.name].live.t).label
+            if label and self.phases.get(st.name) != label:
+                self.phases[st.name] = label
+                self.out(f"[{st.name}] now playing: {label}")
+            done = self.printed.get(st.name, 0)
+            new = min(st.transitions - done, len(st.recent))
+            for t in list(st.recent)[len(st.recent) - new :]:
+                self.out(f"  [{st.name}] " + _line(t))
+            self.printed[st.name] = st.transitions
+        if demo.sim_t >= self.next_status:
+            self.next_status += STATUS_EVERY_SIM_S
+            for w in demo.daemon.watchers:
+                for line in status_lines(w.state, start_at=START_AT):
+                    self.out("  " + line)

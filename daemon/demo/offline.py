@@ -19,8 +19,9 @@ from daemon.ceiling.resolve import build_ceiling
 from daemon.core.model import Cause, Transition
 from daemon.core.parse import SnapshotParser
 from daemon.core.rulebook import Ceiling
+from daemon.demo.expectations import Event, problems, segments
 from daemon.recording import write_atomically
-from daemon.settings import Settings
+from daemon.settings import Settings, load_settings
 from daemon.simulator import Scenario, get_scenario, record
 
 #: The demo's order: a healthy baseline, then one scenario per cause.
@@ -34,17 +35,48 @@ EXPECTED: dict[str, Cause | None] = {
 }
 #: 2026-01-01T00:00:00Z: a fixed start, so every run of the demo prints the same thing.
 START_AT = 1_767_225_600.0
+#: Simulated seconds of a single-phase scenario: long enough to fire and persist.
+SINGLE_PHASE_S = 300.0
+#: After a scenario of several phases: long enough for its last incident to resolve.
+TAIL_S = 60.0
+
+
+def default_duration(scenario: Scenario) -> float:
+    """How long the offline demo plays ``scenario`` unless told: a single-phase one for
+    ``SINGLE_PHASE_S``, one of several phases (the ``tour``) whole, plus ``TAIL_S``."""
+    if len(scenario.phases) == 1:
+        return SINGLE_PHASE_S
+    return scenario.duration_s + TAIL_S
+
+
+def scenario_settings(scenario: Scenario, config: str | None) -> Settings:
+    """The settings a scenario is judged with: its own ``slo:`` over the defaults, then
+    the user's ``config`` file and ``VLLM_TRIAGE_*`` variables, which win."""
+    return load_settings(config, base={"slo": dict(scenario.slo)} if scenario.slo else None)
+
+
+def events_of(transitions: list[Transition], start_at: float) -> list[Event]:
+    """Transitions as the self-check reads them: seconds since the scenario began."""
+    return [Event(t.at - start_at, t.event, t.cause) for t in transitions]
 
 
 def describe(scenario: Scenario) -> str:
     spec = scenario.spec
     load = scenario.phases[0].workload
-    return (
+    server = (
         f"{spec.gpu or f'{spec.memory_bandwidth_gb_s:g} GB/s'}, {scenario.model_name} "
-        f"(16-bit), max_num_seqs {spec.max_num_seqs}, KV pool {spec.kv_pool_tokens:,} tokens; "
-        f"{load.arrival_rate_per_s:g} requests/s, prompts ~{load.prompt_tokens:,} tokens, "
-        f"outputs ~{load.output_tokens:,} tokens"
+        f"(16-bit), max_num_seqs {spec.max_num_seqs}, KV pool {spec.kv_pool_tokens:,} tokens"
     )
+    if len(scenario.phases) > 1:
+        text = f"{server}; {len(scenario.phases)} phases of load, {scenario.duration_s:g} s"
+    else:
+        text = (
+            f"{server}; {load.arrival_rate_per_s:g} requests/s, prompts "
+            f"~{load.prompt_tokens:,} tokens, outputs ~{load.output_tokens:,} tokens"
+        )
+    if scenario.slo:
+        text += "; its own SLO: " + ", ".join(f"{k} {v:g}" for k, v in scenario.slo.items())
+    return text
 
 
 def ceiling_of(scenario: Scenario) -> Ceiling:
@@ -58,6 +90,8 @@ class ScenarioRun:
     description: str
     transitions: list[Transition]
     scrapes: int
+    #: What went differently from what the scenario was built to show (empty: as built).
+    problems: tuple[str, ...] = ()
 
     @property
     def fired(self) -> list[Cause]:
@@ -72,7 +106,8 @@ def run_scenario(
     interval_s: float = 5.0,
     record_to: Path | None = None,
 ) -> ScenarioRun:
-    """Simulate one scenario and diagnose every scrape of it."""
+    """Simulate one scenario and diagnose every scrape of it, then check the transitions
+    against what each phase was built to show (``demo.expectations``)."""
     scenario = get_scenario(name)
     rulebook = dataclasses.replace(build_rulebook(settings), ceiling=ceiling_of(scenario))
     evaluator = build_evaluator(settings, rulebook)
@@ -88,20 +123,33 @@ def run_scenario(
         if record_to is not None:
             write_atomically(record_to, round(at * 1000), body.encode())
         transitions.extend(evaluator.step(parser.parse(body, at)).transitions)
-    return ScenarioRun(name, describe(scenario), transitions, scrapes)
+    still = [a.cause for a in evaluator.incidents.active()]
+    segs = segments(scenario, default=expected_of(name))
+    found = problems(segs, events_of(transitions, START_AT), still_firing=still) if segs else []
+    return ScenarioRun(name, describe(scenario), transitions, scrapes, tuple(found))
+
+
+def expected_of(name: str) -> str | None:
+    """A bundled single-cause scenario's cause (``healthy`` for ``healthy``), else None."""
+    if name not in EXPECTED:
+        return None
+    return EXPECTED[name] or "healthy"
 
 
 def run_demo(
-    settings: Settings,
+    config: str | None,
     names: tuple[str, ...] = DEFAULT_SCENARIOS,
     *,
-    duration_s: float = 300.0,
+    duration_s: float | None = None,
     record_dir: Path | None = None,
 ) -> Iterator[ScenarioRun]:
+    """Each scenario in turn, with its own settings (``scenario_settings``), for
+    ``duration_s`` or its ``default_duration``."""
     for name in names:
+        scenario = get_scenario(name)
         yield run_scenario(
             name,
-            settings,
-            duration_s=duration_s,
+            scenario_settings(scenario, config),
+            duration_s=duration_s or default_duration(scenario),
             record_to=record_dir / name if record_dir is not None else None,
         )

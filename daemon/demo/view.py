@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from daemon.core.model import Quantile, Signals, Transition
-from daemon.state import TargetState
+from daemon.core.incidents import Active, State
+from daemon.core.model import Diagnosis, Quantile, Signals, Transition
+from daemon.state import TargetState, View
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,28 @@ def _signals_lines(s: Signals, evidence: dict[str, object]) -> list[str]:
     return lines
 
 
+def _incident_lines(
+    view: View, model: str, incident: Active, d: Diagnosis, start_at: float
+) -> list[str]:
+    """An open incident: firing (with this evaluation's evidence and fix), or clearing
+    (the SLOs are met again and it resolves after ``resolve_after`` clear evaluations)."""
+    since = _clock(incident.started_at - start_at)
+    head = f"    diagnosis: {incident.cause.upper()} (since {since})"
+    if view.states.get(model) is State.RESOLVING:
+        n, m = view.clear_runs.get(model, 0), view.resolve_after
+        return [
+            f"{head}, clearing: {n} of {m} clear evaluations",
+            f"      the SLOs are met again; it resolves after {m} in a row",
+        ]
+    if d.cause is not None and d.cause != incident.cause:
+        return [f"{head}, firing; this evaluation points at {d.cause}"]
+    lines = [f"{head}, firing, confidence {d.confidence:.2f}"]
+    if d.summary:
+        lines.append(f"      {d.summary}")
+    lines.extend(f"      fix: {item}" for item in d.remediation[:2])
+    return lines
+
+
 def _transition_line(t: Transition, start_at: float) -> str:
     when = _clock(t.at - start_at)
     if t.event == "firing":
@@ -68,6 +91,7 @@ def render(
     out = [
         f"vllm-triage demo: a simulated vLLM at {speed:g}x speed -> the daemon -> "
         "a local webhook receiver",
+        f"  status page      {metrics_url}/",
         f"  derived metrics  {metrics_url}/metrics",
         f"  diagnoses (JSON) {metrics_url}/api/v1/diagnoses",
         f"  simulated time   {_clock(sim_seconds)} of {_clock(total_seconds)}   "
@@ -92,14 +116,7 @@ def render(
                     verdict = "healthy" if not d.breaches else f"breaching {', '.join(d.breaches)}"
                     out.append(f"    diagnosis: {verdict}")
                 else:
-                    since = _clock(incident.started_at - start_at)
-                    out.append(
-                        f"    diagnosis: {incident.cause.upper()} (firing since {since}), "
-                        f"confidence {d.confidence:.2f}"
-                    )
-                    if d.summary:
-                        out.append(f"      {d.summary}")
-                    out.extend(f"      fix: {item}" for item in d.remediation[:2])
+                    out.extend(_incident_lines(view, model, incident, d, start_at))
         recent.extend((st.name, t) for t in st.recent)
         out.append("")
     out.append("last transitions:")
@@ -108,3 +125,36 @@ def render(
     if not recent:
         out.append("  (none yet: an incident fires after its breach persists)")
     return "\n".join(out)
+
+
+def status_lines(state: TargetState, *, start_at: float) -> list[str]:
+    """One line per model for a log that scrolls (the demo off a terminal): the signals
+    the diagnosis reads, and what it makes of them."""
+    view = state.view
+    if view is None:
+        return [
+            f"[{state.name}] not scraped yet"
+            + (f": {state.last_error}" if state.last_error else "")
+        ]
+    active = {a.model_name: a for a in view.active}
+    out = []
+    for model, d in sorted(view.evaluation.diagnoses.items()):
+        s = view.evaluation.signals[model]
+        kv = None if s.kv_usage_max is None else 100 * s.kv_usage_max
+        incident = active.get(model)
+        if incident is None:
+            verdict = "healthy" if not d.breaches else f"breaching {', '.join(d.breaches)}"
+        elif view.states.get(model) is State.RESOLVING:
+            n = view.clear_runs.get(model, 0)
+            verdict = f"{incident.cause} clearing, {n} of {view.resolve_after} clear evaluations"
+        else:
+            verdict = f"{incident.cause} firing"
+        out.append(
+            f"[{state.name}] {_clock(view.evaluation.at - start_at)}  "
+            f"TTFT p99 {_q(s.ttft_p99)}  ITL p99 {_q(s.itl_p99)}  "
+            f"waiting {_num(s.waiting_mean, '.1f')}  running {_num(s.running_mean, '.0f')}  "
+            f"KV {_num(kv, '.0f', ' %')} peak  "
+            f"decode {_num(s.decode_tokens_per_second_per_stream, '.3g')} tok/s per stream  "
+            f"-> {verdict}"
+        )
+    return out

@@ -17,6 +17,11 @@ Each step, as vLLM V1's scheduler does it:
    while ``running < max_num_seqs``, budget is left and the pool has blocks for the
    request's whole prefill.
 
+An engine can also hang (``hang``/``resume``), as a real one does when a collective waits
+for a peer that never comes: it stops stepping, the step in flight finishes only after
+``resume``, requests keep arriving, and what a scrape sees is frozen at the last update
+(vLLM writes its gauges and counters only when a step completes).
+
 The step lasts ``step_overhead + max(compute, memory)``: compute is 2 x parameters FLOPs
 per token plus the attention term 4 x layers x hidden per (query, key) pair, at
 ``compute_efficiency`` x the card's dense bf16 rate; memory is every weight plus the KV of
@@ -45,6 +50,7 @@ and, weighted by the decoding requests of each step as the ITL histogram weighs 
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections import deque
@@ -293,6 +299,8 @@ class Engine:
         self._next_spec: ServerSpec | None = None
         # Expert routing and draft acceptance: seeded, so runs repeat exactly.
         self._rng = random.Random("vllm-triage/engine")
+        #: While hung: when it hung, and the gauges as they were then.
+        self._hung: tuple[float, int, int, float] | None = None
 
     @property
     def now(self) -> float:
@@ -300,18 +308,46 @@ class Engine:
         return self._horizon
 
     @property
+    def hung(self) -> bool:
+        return self._hung is not None
+
+    @property
     def num_running(self) -> int:
+        if self._hung is not None:
+            return self._hung[1]
         return len(self._running)
 
     @property
     def num_waiting(self) -> int:
+        if self._hung is not None:
+            return self._hung[2]
         arrived = sum(1 for r in self._pending if r.arrival <= self._horizon)
         return len(self._waiting) + arrived
 
     @property
     def kv_usage(self) -> float:
         """Used blocks / all blocks, as ``vllm:kv_cache_usage_perc`` (a fraction, not %)."""
+        if self._hung is not None:
+            return self._hung[3]
         return 1.0 - self._free_blocks / self.spec.num_gpu_blocks
+
+    def hang(self) -> None:
+        """Stop stepping at ``now``: gauges and counters stay as they are until ``resume``."""
+        if self._hung is None:
+            self._hung = (self._horizon, self.num_running, self.num_waiting, self.kv_usage)
+
+    def resume(self) -> None:
+        """Step again from ``now``: the step that was in flight when the engine hung takes
+        the rest of its time from here, and what arrived meanwhile is scheduled."""
+        if self._hung is None:
+            return
+        shift = self._horizon - self._hung[0]
+        self._hung = None
+        if self._inflight is not None:
+            self._inflight.end += shift
+            self._now += shift
+        else:
+            self._now = max(self._now, self._horizon)
 
     def submit(self, arrival: Arrival) -> None:
         """Queue a request; arrivals come in time order, none before ``now``.
@@ -340,7 +376,7 @@ class Engine:
         """Run every step that starts before ``t``; steps that end by ``t`` produce tokens."""
         if t < self._horizon:
             raise ValueError(f"time runs forward: {t} < {self._horizon}")
-        while True:
+        while self._hung is None:
             step = self._inflight
             if step is not None:
                 if step.end > t:
@@ -355,7 +391,8 @@ class Engine:
             if not self._running and not self._waiting:
                 if not self._pending or self._pending[0].arrival > t:
                     break
-                self._now = self._pending[0].arrival
+                # max: after a hang, requests that arrived meanwhile start at the resume.
+                self._now = max(self._now, self._pending[0].arrival)
                 continue
             self._inflight = self._schedule()
         self._horizon = t
@@ -507,7 +544,29 @@ class Engine:
                 prompts += req.prompt if req.first_token is None else 0
                 finished |= self._emit(req, end, 1)
                 emitted += 1
+        # A plain token mid-answer is the hot path (a step of a large batch has hundreds):
+        # it is ``_emit`` inlined, one ITL observation, the same arithmetic in the same
+        # order (so the same sums, to the last bit); first and last tokens, and steps with
+        # drafts, go through ``_emit``.
+        itl = stats.itl
+        bounds, counts = itl.bounds, itl.counts
+        seen, index = math.nan, 0
+        inline = not self._keep_records
         for req, drafts in step.decode:
+            plain = not drafts and req.first_token is not None
+            if inline and plain and req.generated + 1 < req.output:
+                req.computed += 1
+                req.generated += 1
+                stats.generation_tokens += 1
+                value = end - req.last_token
+                if value != seen:  # most of a step's requests share their last token's time
+                    seen, index = value, bisect.bisect_left(bounds, value)
+                counts[index] += 1
+                itl.sum += value
+                itl.count += 1
+                req.last_token = end
+                emitted += 1
+                continue
             accepted = 0
             while accepted < drafts and self._rng.random() < self.spec.draft_acceptance:
                 accepted += 1

@@ -26,7 +26,7 @@ from daemon.ceiling.sizing import bytes_per_param
 from daemon.errors import ConfigError
 from daemon.rules import bundled_path, list_bundled, read_bundled, read_file
 from daemon.simulator.engine import ServerSpec, Workload
-from daemon.simulator.scenarios import LLAMA_8B, Phase, Scenario, server_spec
+from daemon.simulator.scenarios import LLAMA_8B, Expectation, Phase, Scenario, server_spec
 
 FOLDER = "scenarios"
 
@@ -89,13 +89,25 @@ class WorkloadFields(_Strict):
 class PhaseFields(_Strict):
     duration_seconds: float = Field(gt=0, allow_inf_nan=False)
     label: str = ""
+    #: The engine stops stepping for the phase; /metrics keeps answering, frozen.
+    hang: bool = False
+    #: What the diagnosis should say during this phase (the demo checks it).
+    expect: Expectation | None = None
     workload: WorkloadFields
     server: ServerFields | None = None
+
+
+class SloFields(_Strict):
+    """``slo:``: the SLOs a scenario is built against, as in the settings' ``slo:``."""
+
+    ttft_p99_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    itl_p99_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class ScenarioFields(_Strict):
     name: str = Field(min_length=1)
     model_name: str = Field(default=LLAMA_8B, min_length=1)
+    slo: SloFields | None = None
     server: ServerFields
     phases: list[PhaseFields] = Field(min_length=1)
 
@@ -155,8 +167,18 @@ def parse_scenario(data: Any, *, source: str) -> Scenario:
             workload = Workload(**phase.workload.model_dump(exclude_none=True))
         except ValueError as exc:  # a combination, e.g. a uniform spread of 1 or more
             raise ConfigError(f"{source}: {where}.workload: {exc}") from exc
-        phases.append(Phase(phase.duration_seconds, workload, own, phase.label))
-    return Scenario(fields.name, spec, tuple(phases), fields.model_name)
+        phases.append(
+            Phase(
+                duration_s=phase.duration_seconds,
+                workload=workload,
+                spec=own,
+                label=phase.label,
+                hang=phase.hang,
+                expect=phase.expect,
+            )
+        )
+    slo = fields.slo.model_dump(exclude_none=True) if fields.slo is not None else {}
+    return Scenario(fields.name, spec, tuple(phases), fields.model_name, slo)
 
 
 def load_scenario_file(path: str | Path) -> Scenario:

@@ -13,14 +13,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from daemon.ceiling.gpus import find_gpu
 from daemon.ceiling.sizing import bytes_per_param
 from daemon.simulator.engine import ServerSpec, Workload
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+
+#: What a phase is built to make the diagnosis say: a cause, or ``healthy`` (nothing).
+#: Plain strings here (the simulator does not import the core); ``demo.expectations``
+#: checks them against what fired.
+Expectation = Literal[
+    "healthy", "stalled", "prefill_bound", "decode_bound", "queue_bound", "kv_pressure"
+]
 
 
 def server_spec(
@@ -131,12 +139,17 @@ def llama_8b(
 @dataclass(frozen=True, slots=True)
 class Phase:
     """``duration_s`` of ``workload``, on ``spec`` (``None``: the scenario's server);
-    ``label`` says what the phase shows (the live demo prints it)."""
+    ``label`` says what the phase shows (the live demo prints it). With ``hang`` the
+    engine stops stepping for the whole phase while ``/metrics`` still answers, frozen
+    (``Engine.hang``); the workload's requests still arrive, and wait. ``expect`` says
+    what the diagnosis should say while it plays (``None``: not stated)."""
 
     duration_s: float
     workload: Workload
     spec: ServerSpec | None = None
     label: str = ""
+    hang: bool = False
+    expect: Expectation | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +160,9 @@ class Scenario:
     spec: ServerSpec
     phases: tuple[Phase, ...]
     model_name: str = LLAMA_8B
+    #: SLO settings the scenario is built for (``ttft_p99_seconds``, ``itl_p99_seconds``);
+    #: the demo applies them under the user's own settings. Empty: the defaults.
+    slo: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def duration_s(self) -> float:

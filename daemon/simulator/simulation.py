@@ -21,25 +21,32 @@ class _Feed:
     """One engine's arrivals over all phases, pulled up to an instant."""
 
     def __init__(self, scenario: Scenario, part: int, parts: int) -> None:
-        self._streams: list[tuple[float, ServerSpec, Iterator[Arrival]]] = []
+        self._streams: list[tuple[float, ServerSpec, bool, Iterator[Arrival]]] = []
         start = 0.0
         for index, phase in enumerate(scenario.phases):
             end = start + phase.duration_s
             key = f"{scenario.name}/{index}"
             stream = phase.workload.arrivals(start, end, key=key, part=part, parts=parts)
-            self._streams.append((start, phase.spec or scenario.spec, stream))
+            self._streams.append((start, phase.spec or scenario.spec, phase.hang, stream))
             start = end
         self._next: Arrival | None = None
         self._spec = scenario.spec
 
     def drive(self, engine: Engine, t: float) -> None:
-        """Submit what arrives by ``t`` and step ``engine`` to ``t``, swapping servers on time."""
+        """Submit what arrives by ``t`` and step ``engine`` to ``t``, swapping servers and
+        hanging or resuming the engine on time."""
         while self._streams and self._streams[0][0] <= t:
-            start, spec, stream = self._streams[0]
+            start, spec, hang, stream = self._streams[0]
             if spec != self._spec:
                 engine.advance_to(max(start, engine.now))
                 engine.reconfigure(spec)
                 self._spec = spec
+            if hang != engine.hung:
+                engine.advance_to(max(start, engine.now))
+                if hang:
+                    engine.hang()
+                else:
+                    engine.resume()
             self._submit(engine, stream, t)
             if self._next is not None:  # the phase goes on past t
                 break

@@ -40,6 +40,8 @@ MODES: dict[str, Mode] = {
     "prefill": Mode(concurrency=6, prompt_tokens=2000, output_tokens=1),
     # long generations from short prompts: decode is the work
     "decode": Mode(concurrency=96, prompt_tokens=16, output_tokens=400),
+    # a few decoding streams: the load a stall freezes
+    "stall": Mode(concurrency=8, prompt_tokens=16, output_tokens=400),
     # more requests than --max-num-seqs, small enough that KV has room
     "queue": Mode(concurrency=16, prompt_tokens=64, output_tokens=200),
     # long contexts in a small KV pool: waiting and preemption

@@ -22,13 +22,13 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
-#: Where setup.sh puts vLLM; override with VLLM_TRIAGE_VLLM_PYTHON.
+#: Where setup.sh puts vLLM; override with TRIAGE_TEST_VLLM_PYTHON.
 DEFAULT_PYTHON = REPO / ".vllm-venv" / "bin" / "python"
 STARTUP_TIMEOUT_S = 420.0
 
 
 def vllm_python() -> Path:
-    return Path(os.environ.get("VLLM_TRIAGE_VLLM_PYTHON", str(DEFAULT_PYTHON)))
+    return Path(os.environ.get("TRIAGE_TEST_VLLM_PYTHON", str(DEFAULT_PYTHON)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +82,18 @@ def _environment() -> dict[str, str]:
     return env
 
 
+def kill(server: Server) -> None:
+    """Kill the server and its engine at once (SIGKILL to its process group): a crash."""
+    if server.process.poll() is None:
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait(timeout=30)
+
+
 def _stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is not None:
         return
+    # A stopped engine (SIGSTOP) would ignore SIGINT for ever.
+    os.killpg(process.pid, signal.SIGCONT)
     os.killpg(process.pid, signal.SIGINT)
     try:
         process.wait(timeout=30)
@@ -93,17 +102,60 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait(timeout=30)
 
 
+def _children(pid: int) -> list[int]:
+    """Every descendant of ``pid``, from /proc (Linux)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out: list[int] = []
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        kids = [p for p, pp in parents.items() if pp == parent]
+        out.extend(kids)
+        frontier.extend(kids)
+    return out
+
+
+def engine_core_pid(server: Server) -> int:
+    """The pid of the server's engine process: vLLM V1 runs the engine in a child of the
+    API server, titled ``VLLM::EngineCore`` (setproctitle rewrites its command line)."""
+    found = []
+    for pid in _children(server.process.pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        if b"EngineCore" in cmdline:
+            found.append(pid)
+    if len(found) != 1:
+        raise RuntimeError(f"expected one EngineCore process under {server.process.pid}: {found}")
+    return found[0]
+
+
 @contextmanager
-def running_vllm(model_dir: Path, flags: ServerFlags, log_dir: Path) -> Iterator[Server]:
-    """A vLLM server on 127.0.0.1 with ``flags``, ready to serve; stopped on exit."""
+def running_vllm(
+    model_dir: Path, flags: ServerFlags, log_dir: Path, *, port: int | None = None
+) -> Iterator[Server]:
+    """A vLLM server on 127.0.0.1 with ``flags``, ready to serve; stopped on exit.
+
+    ``port`` (default: a free one) lets a test restart a server where its recorder looks.
+    """
     python = vllm_python()
     if not python.exists():
         raise RuntimeError(
             f"no vLLM environment at {python}: run `bash tests/realvllm/setup.sh` first "
-            "(or set VLLM_TRIAGE_VLLM_PYTHON)"
+            "(or set TRIAGE_TEST_VLLM_PYTHON)"
         )
-    port = free_port()
-    log = log_dir / f"vllm-{port}.log"
+    port = port or free_port()
+    log = log_dir / f"vllm-{port}-{time.monotonic_ns()}.log"
     command = [
         str(python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),

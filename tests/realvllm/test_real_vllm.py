@@ -7,7 +7,7 @@ the core with SLOs sized for this machine, and check that the induced cause fire
 
     bash tests/realvllm/setup.sh && .venv/bin/pytest -m vllm tests/realvllm
 
-Set VLLM_TRIAGE_SAVE_RECORDINGS=DIR to keep trimmed copies of the recordings (that is
+Set TRIAGE_TEST_SAVE_RECORDINGS=DIR to keep trimmed copies of the recordings (that is
 how tests/fixtures/recordings/ was made).
 """
 
@@ -15,19 +15,32 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from realvllm import loadgen
-from realvllm.server import Server, ServerFlags, running_vllm, vllm_python, wait_idle
+from realvllm.server import (
+    Server,
+    ServerFlags,
+    engine_core_pid,
+    free_port,
+    kill,
+    running_vllm,
+    vllm_python,
+    wait_idle,
+)
 from realvllm.trim import save_trimmed
 
 from daemon.assemble import build_evaluator
 from daemon.core.evaluate import Evaluation
+from daemon.core.model import Transition
 from daemon.replay import replay
 from daemon.settings import load_settings
 
@@ -39,6 +52,9 @@ HERE = Path(__file__).parent
 #: SLOs sized for a tiny model on this machine's CPU: light traffic measured TTFT p99
 #: ~0.04 s and ITL p99 ~0.02 s here.
 CONFIG = HERE / "triage-cpu.yaml"
+#: For the stall and restart tests: CONFIG's pace, latency SLOs out of a busy machine's
+#: reach (those tests are about whether the engine moves), the default stall_after_seconds.
+STALL_CONFIG = HERE / "triage-stall.yaml"
 MIB = 1024 * 1024
 LOAD_SECONDS = 40.0
 
@@ -94,7 +110,7 @@ def induce(server: Server, mode: str, out: Path) -> Path:
         if recorder.poll() is None:
             recorder.kill()
     wait_idle(server)
-    saved = os.environ.get("VLLM_TRIAGE_SAVE_RECORDINGS")
+    saved = os.environ.get("TRIAGE_TEST_SAVE_RECORDINGS")
     if saved:
         save_trimmed(rec, Path(saved) / mode, server.flags)
     # The load must have been delivered: nearly every request answered. One dropped
@@ -104,13 +120,47 @@ def induce(server: Server, mode: str, out: Path) -> Path:
     return rec
 
 
-def fired(rec: Path) -> list[str]:
-    """Causes that fired, in order, when the recording is replayed with CONFIG."""
-    causes = []
-    for item in replay(rec, build_evaluator(load_settings(CONFIG))):
+def transitions(rec: Path, config: Path = CONFIG) -> list[Transition]:
+    """Every transition, in order, when the recording is replayed with ``config``."""
+    out: list[Transition] = []
+    for item in replay(rec, build_evaluator(load_settings(config))):
         assert isinstance(item, Evaluation), item
-        causes += [t.cause for t in item.transitions if t.event == "firing"]
-    return causes
+        out += item.transitions
+    return out
+
+
+def fired(rec: Path, config: Path = CONFIG) -> list[str]:
+    """Causes that fired, in order, when the recording is replayed with ``config``."""
+    return [t.cause for t in transitions(rec, config) if t.event == "firing"]
+
+
+def start_recorder(
+    url: str, rec: Path, log: Path, duration: float | None
+) -> subprocess.Popen[bytes]:
+    """`vllm-triage record` at 1 s; without a duration it runs until interrupted."""
+    args = [str(COMMAND), "record", url, "--out", str(rec), "--interval", "1"]
+    if duration is not None:
+        args += ["--duration", str(duration)]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+
+
+class Load:
+    """Load-generator traffic in a thread, so the test can act on the server meanwhile."""
+
+    def __init__(self, server: Server, mode: str, seconds: float) -> None:
+        self.result: tuple[int, int, Counter[str]] | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(server.base_url, mode, seconds), daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, base_url: str, mode: str, seconds: float) -> None:
+        self.result = asyncio.run(loadgen.run(base_url, "tiny-llama", mode, seconds))
+
+    def join(self, timeout: float) -> tuple[int, int, Counter[str]]:
+        self._thread.join(timeout)
+        assert self.result is not None, "the load generator did not finish"
+        return self.result
 
 
 @pytest.fixture(scope="class")
@@ -145,6 +195,95 @@ class TestStandardServer:
     def test_long_generations_are_decode_bound(self, standard: Server, tmp_path: Path) -> None:
         """96 streams of long generations past the ITL SLO: decode_bound."""
         assert fired(induce(standard, "decode", tmp_path))[:1] == ["decode_bound"]
+
+    def test_a_stopped_engine_is_stalled(self, standard: Server, tmp_path: Path) -> None:
+        """8 decoding streams, then the EngineCore process is stopped (SIGSTOP) for a
+        minute while the API server keeps answering /metrics with frozen gauges: stalled
+        fires first and alone, within stall_after_seconds plus two scrapes of the stop,
+        and resolves once the engine runs again (SIGCONT)."""
+        rec = tmp_path / "stall"
+        engine = engine_core_pid(standard)
+        before, hang, after = 20.0, STALL_SECONDS, 25.0
+        recorder = start_recorder(
+            standard.metrics_url, rec, tmp_path / "record-stall.log", 3 + before + hang + after + 8
+        )
+        try:
+            time.sleep(3)  # a few idle scrapes first: the baseline
+            load = Load(standard, "stall", before + hang + after)
+            time.sleep(before)
+            stopped_at = time.time()
+            os.kill(engine, signal.SIGSTOP)
+            try:
+                time.sleep(hang)
+            finally:
+                os.kill(engine, signal.SIGCONT)
+            resumed_at = time.time()
+            ok, failed, errors = load.join(timeout=before + hang + after + 300)
+            recorder.wait(timeout=before + hang + after + 60)
+        finally:
+            os.kill(engine, signal.SIGCONT)
+            if recorder.poll() is None:
+                recorder.kill()
+        wait_idle(standard)
+        saved = os.environ.get("TRIAGE_TEST_SAVE_RECORDINGS")
+        if saved:
+            save_trimmed(
+                rec,
+                Path(saved) / "stall",
+                standard.flags,
+                {"load": "stall", "stopped_at": stopped_at, "resumed_at": resumed_at},
+            )
+        assert ok > 0 and failed == 0, f"{ok} ok, {failed} failed: {dict(errors)}"
+        out = transitions(rec, STALL_CONFIG)
+        assert [t.cause for t in out if t.event == "firing"] == ["stalled"]
+        opened = next(t for t in out if t.event == "firing")
+        after_s = load_settings(STALL_CONFIG).thresholds.stall_after_seconds
+        assert stopped_at < opened.at <= stopped_at + after_s + 2 * 1.0 + 0.5
+        closed = [t for t in out if t.event == "resolved"]
+        assert [t.cause for t in closed] == ["stalled"]
+        assert closed[0].at > resumed_at
+
+
+#: How long the engine is stopped: longer than stall_after_seconds (30 s) plus the time
+#: to fire, as a hang users report would be.
+STALL_SECONDS = 60.0
+
+
+class TestRestart:
+    """A server killed and started again under light load: its counters start from zero
+    and the recording has a gap while it starts: neither is a stall, nothing fires."""
+
+    def test_a_restarted_server_fires_nothing(
+        self, tiny_model: Path, logs: Path, tmp_path: Path
+    ) -> None:
+        rec = tmp_path / "restart"
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/metrics"
+        recorder = start_recorder(url, rec, tmp_path / "record-restart.log", None)
+        try:
+            with running_vllm(tiny_model, STANDARD, logs, port=port) as first:
+                first_load = Load(first, "light", 20)
+                time.sleep(15)
+                kill(first)  # mid-load: requests in flight fail, as in a crash
+                first_load.join(timeout=120)
+            with running_vllm(tiny_model, STANDARD, logs, port=port) as second:
+                ok, failed, errors = Load(second, "light", 20).join(timeout=120)
+                time.sleep(5)  # a few idle scrapes after the load
+                wait_idle(second)
+        finally:
+            recorder.send_signal(signal.SIGINT)
+            try:
+                recorder.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                recorder.kill()
+        saved = os.environ.get("TRIAGE_TEST_SAVE_RECORDINGS")
+        if saved:
+            save_trimmed(
+                rec, Path(saved) / "restart", STANDARD, {"load": "light, killed, restarted"}
+            )
+        assert ok > 0 and failed == 0, f"{ok} ok, {failed} failed: {dict(errors)}"
+        assert fired(rec, STALL_CONFIG) == []
+        assert "stalled" not in fired(rec)
 
 
 class TestFewSeats:

@@ -37,7 +37,10 @@ def trim_text(text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save_trimmed(rec: Path, dest: Path, flags: ServerFlags) -> None:
+def save_trimmed(
+    rec: Path, dest: Path, flags: ServerFlags, extra: dict[str, object] | None = None
+) -> None:
+    """Copy ``rec`` to ``dest`` trimmed, with RECORDED.json (plus ``extra`` facts)."""
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
@@ -56,6 +59,7 @@ def save_trimmed(rec: Path, dest: Path, flags: ServerFlags) -> None:
                 "flags": flags.args(),
                 "scrape_interval_seconds": 1,
                 "trimmed": "only the vLLM families vllm-triage reads, with their HELP/TYPE lines",
+                **(extra or {}),
             },
             indent=2,
         )

@@ -1,0 +1,235 @@
+"""Evaluations as time series, and transitions as incidents: what the post-mortem report and
+the live status page draw (``daemon/pagedata.py`` builds their document from these).
+
+A point's values are named as the diagnosis evidence names them (``diagnose.measurements``),
+computed for every evaluation, healthy ones too, so a chart can show any evidence key,
+including keys added to the diagnosis later. Settings in force (SLOs, thresholds, the
+ceiling) are named ``slo.<key>``, ``thresholds.<key>`` and ``ceiling.<key>``.
+
+Pure: the same evaluations always give the same series and incidents.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from daemon.core.diagnose import measurements
+from daemon.core.model import Diagnosis, Quantile, Reason, Signals, Transition
+from daemon.core.rulebook import Ceiling, Rulebook, Slo, Thresholds
+
+#: Prefixes of the keys that name a setting in force rather than a measurement.
+SETTING_PREFIXES = ("slo.", "thresholds.", "ceiling.")
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _quantile(q: Quantile | None) -> float | None:
+    return None if q is None else q.value
+
+
+def point_values(
+    signals: Signals,
+    diagnosis: Diagnosis,
+    rules: Rulebook,
+    keys: Collection[str] | None = None,
+) -> dict[str, float]:
+    """The numbers one evaluation gives (only ``keys``, if given), by evidence key; absent
+    where unknown, never a made-up 0."""
+    values: dict[str, object] = {
+        "ttft_p50_seconds": _quantile(signals.ttft_p50),
+        "ttft_p90_seconds": _quantile(signals.ttft_p90),
+        "requests_running_max": signals.running_max,
+    }
+    # A breached diagnosis carries them all already; a healthy one carries none.
+    values.update(diagnosis.evidence if diagnosis.breached else measurements(signals, rules))
+    out: dict[str, float] = {}
+    for key in values if keys is None else keys:
+        number = _number(values.get(key))
+        if number is not None:
+            out[key] = number
+    return out
+
+
+def setting_values(rules: Rulebook) -> dict[str, float]:
+    """The settings in force as chartable constants: ``slo.ttft_p99_seconds`` and so on."""
+    out: dict[str, float] = {}
+    parts: list[tuple[str, Slo | Thresholds | Ceiling]] = [
+        ("slo", rules.slo),
+        ("thresholds", rules.thresholds),
+    ]
+    if rules.ceiling is not None:
+        parts.append(("ceiling", rules.ceiling))
+    for prefix, obj in parts:
+        for f in dataclasses.fields(obj):
+            number = _number(getattr(obj, f.name))
+            if number is not None:
+                out[f"{prefix}.{f.name}"] = number
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """One alert identity's life: from its firing transition to its resolved one.
+
+    ``diagnosis`` is the one that fired it (its evidence decided the cause); an incident
+    whose firing is not known any more (the status page keeps the last few transitions)
+    has the resolving one and ``opened_because`` None. ``ended_at`` is None while it fires.
+    """
+
+    model_name: str
+    cause: str
+    started_at: float
+    diagnosis: Diagnosis
+    opened_because: Reason | None
+    ended_at: float | None = None
+    closed_because: Reason | None = None
+
+
+def incidents(transitions: Iterable[Transition]) -> list[Incident]:
+    """The incidents a stream of transitions (any models, in order) opened and closed."""
+    out: list[Incident] = []
+    open_at: dict[str, int] = {}  # model -> index in ``out`` of its open incident
+    for t in transitions:
+        if t.event == "firing":
+            open_at[t.model_name] = len(out)
+            out.append(
+                Incident(
+                    model_name=t.model_name,
+                    cause=t.cause,
+                    started_at=t.started_at,
+                    diagnosis=t.diagnosis,
+                    opened_because=t.reason,
+                )
+            )
+            continue
+        index = open_at.pop(t.model_name, None)
+        if index is None or out[index].cause != t.cause:
+            out.append(
+                Incident(
+                    model_name=t.model_name,
+                    cause=t.cause,
+                    started_at=t.started_at,
+                    diagnosis=t.diagnosis,
+                    opened_because=None,
+                    ended_at=t.at,
+                    closed_because=t.reason,
+                )
+            )
+            continue
+        opened = out[index]
+        out[index] = dataclasses.replace(opened, ended_at=t.at, closed_because=t.reason)
+    return sorted(out, key=lambda i: (i.started_at, i.model_name))
+
+
+def breach_began(times: Sequence[float], causes: Sequence[str | None], at: float) -> float | None:
+    """The time of the first breached evaluation of the unbroken run that ends at ``at``
+    (the incident fires only after ``open_after`` of them). None if ``at`` is not among
+    ``times`` or was not itself breached."""
+    i = len(times) - 1
+    while i >= 0 and times[i] > at:
+        i -= 1
+    if i < 0 or times[i] != at or causes[i] is None:
+        return None
+    while i > 0 and causes[i - 1] is not None:
+        i -= 1
+    return times[i]
+
+
+def median_interval(times: Sequence[float]) -> float | None:
+    """The typical time between two evaluations (the scrape interval)."""
+    gaps = sorted(b - a for a, b in itertools.pairwise(times) if b > a)
+    return gaps[len(gaps) // 2] if gaps else None
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """Columns ready to draw: ``times`` ascending, one value list per key, aligned; a row of
+    None values marks a gap (no evaluation there), so a line is not drawn across it.
+    ``evaluations`` counts the evaluations before any thinning."""
+
+    times: list[float]
+    columns: dict[str, list[float | None]]
+    causes: list[str | None]
+    evaluations: int
+    thinned: bool = False
+
+
+def _gap_row(series: Series, at: float) -> None:
+    series.times.append(at)
+    for column in series.columns.values():
+        column.append(None)
+    series.causes.append(None)
+
+
+def for_display(
+    times: Sequence[float],
+    columns: Mapping[str, Sequence[float | None]],
+    causes: Sequence[str | None],
+    *,
+    max_points: int,
+    gap_seconds: float | None,
+) -> Series:
+    """At most about ``max_points`` rows, gaps marked.
+
+    Within budget every evaluation is kept. Over it, the span is cut into
+    ``max_points // 2`` equal slices and each slice becomes two rows, its first and its
+    last time, holding each column's minimum and maximum in the order they happened: a
+    spike as short as one evaluation still shows at its height.
+    """
+    out = Series(times=[], columns={k: [] for k in columns}, causes=[], evaluations=len(times))
+    n = len(times)
+    if n == 0:
+        return out
+    if n <= max_points:
+        for i in range(n):
+            if gap_seconds is not None and i > 0 and times[i] - times[i - 1] > gap_seconds:
+                _gap_row(out, (times[i] + times[i - 1]) / 2)
+            out.times.append(times[i])
+            for key, column in columns.items():
+                out.columns[key].append(column[i])
+            out.causes.append(causes[i])
+        return out
+    slices = max(1, max_points // 2)
+    width = (times[-1] - times[0]) / slices or 1.0
+    groups: list[list[int]] = [[] for _ in range(slices)]
+    for i, at in enumerate(times):
+        groups[min(int((at - times[0]) / width), slices - 1)].append(i)
+    thinned = dataclasses.replace(out, thinned=True)
+    last: int | None = None
+    for group in groups:
+        if not group:
+            continue
+        if (
+            last is not None
+            and gap_seconds is not None
+            and times[group[0]] - times[last] > gap_seconds
+        ):
+            _gap_row(thinned, (times[group[0]] + times[last]) / 2)
+        last = group[-1]
+        first_t, last_t = times[group[0]], times[group[-1]]
+        rows = 1 if first_t == last_t else 2
+        thinned.times.extend([first_t, last_t][:rows])
+        for key, column in columns.items():
+            thinned.columns[key].extend(_min_max(column, group)[:rows])
+        cause = next((causes[i] for i in reversed(group) if causes[i] is not None), None)
+        thinned.causes.extend([cause] * rows)
+    return thinned
+
+
+def _min_max(column: Sequence[float | None], group: list[int]) -> list[float | None]:
+    """The group's minimum and maximum, earlier one first; [None, None] if it has none."""
+    known = [(column[i], i) for i in group if column[i] is not None]
+    if not known:
+        return [None, None]
+    low = min(known)
+    high = max(known)
+    first, second = (low, high) if low[1] <= high[1] else (high, low)
+    return [first[0], second[0]]

@@ -1,0 +1,182 @@
+"""The active probe: a one-token completion sent to a target's OpenAI API, one at a time.
+
+Metrics cannot show every hang. vLLM writes its gauges only when the engine completes a
+step, so an engine that hangs while idle keeps saying "0 running, 0 waiting" for ever,
+and the next request simply never gets an answer (``docs/physics.md``, "stalled"). The
+probe asks for one token, on an interval, with a deadline; what the core receives is
+``ProbeStatus`` (attached to each snapshot by the watcher): since when a probe has gone
+unanswered, if one has. The core decides what that means, together with the metrics:
+an unanswered probe while the engine makes progress is a busy server, not a stall.
+
+Failures are counted by reason (``timeout``, ``connect``, ``http_status``, ``http_error``,
+``bad_response``) and logged once, then once a minute while they last. The probe's own
+request shows in vLLM's metrics like any other (one prompt, one generated token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import structlog
+
+from daemon.core.model import ProbeStatus
+from daemon.httpauth import auth_headers
+from daemon.settings import ProbeSettings, TargetSettings
+
+log = structlog.get_logger("vllm_triage.probe")
+
+#: A failing probe logs its first failure at once, then at most once per this long.
+FAILURE_LOG_EVERY_S = 60.0
+#: What the probe asks: any prompt will do, the engine only has to produce one token.
+PROMPT = "ping"
+
+
+def completions_url(target: TargetSettings) -> str:
+    """Where the probe goes: ``probe.url``, else the target's address at /v1/completions."""
+    if target.probe.url is not None:
+        return target.probe.url
+    parts = urlsplit(target.url)
+    return urlunsplit((parts.scheme, parts.netloc, "/v1/completions", "", ""))
+
+
+@dataclass(slots=True)
+class ProbeStats:
+    """What the exporter and the API show about a target's probe."""
+
+    url: str
+    probes: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    last_seconds: float | None = None
+    last_reason: str | None = None
+    last_at: float | None = None
+    unanswered_since: float | None = None
+    in_flight: bool = False
+
+
+class Prober:
+    """One target's probe. ``run`` is one probe (the scheduler calls it on an interval,
+    never two at once); ``status`` is what the core is told at each scrape."""
+
+    def __init__(
+        self,
+        target: TargetSettings,
+        *,
+        client: httpx.AsyncClient,
+        model: Callable[[], str | None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings: ProbeSettings = target.probe
+        self.target = target.name
+        self.stats = ProbeStats(url=completions_url(target))
+        self._client = client
+        self._model = model
+        self._clock = clock
+        self._headers = auth_headers(target)
+        self._logged_at: float | None = None
+        self._suppressed = 0
+        self._task: asyncio.Task[Any] | None = None
+
+    def status(self) -> ProbeStatus:
+        st = self.stats
+        return ProbeStatus(
+            unanswered_since=st.unanswered_since,
+            last_seconds=st.last_seconds,
+            last_reason=st.last_reason,
+        )
+
+    def cancel(self) -> None:
+        """Abandon a probe in flight (at shutdown: nobody waits for its answer)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    async def run(self) -> None:
+        """Send one probe and record what came of it; never raises for what the target did."""
+        model = self.settings.model or self._model()
+        if model is None:
+            log.debug("probe_waiting_for_model", target=self.target)
+            return
+        st = self.stats
+        st.probes += 1
+        started_at = self._clock()
+        if st.unanswered_since is None:
+            st.unanswered_since = started_at
+        st.in_flight = True
+        self._task = asyncio.current_task()
+        began = time.monotonic()
+        reason: str | None
+        try:
+            reason = await self._ask(model, st.probes)
+        except asyncio.CancelledError:
+            log.debug("probe_cancelled", target=self.target)
+            return
+        finally:
+            st.in_flight = False
+            self._task = None
+        st.last_seconds = time.monotonic() - began
+        st.last_at = started_at
+        st.last_reason = reason
+        if reason != "timeout":
+            # Answered, well or badly: the engine (or the server in front of it) is alive.
+            st.unanswered_since = None
+        if reason is None:
+            self._recovered()
+        else:
+            st.failures[reason] += 1
+            self._failed(reason)
+
+    async def _ask(self, model: str, n: int) -> str | None:
+        """One request; the failure reason, or None when one token came back in time."""
+        s = self.settings
+        body = {
+            "model": model,
+            "prompt": PROMPT,
+            "max_tokens": 1,
+            "temperature": 0,
+            "user": s.user,
+        }
+        headers = {**self._headers, "X-Request-Id": f"{s.user}-{n}"}
+        try:
+            async with asyncio.timeout(s.timeout_seconds):
+                resp = await self._client.post(
+                    self.stats.url, json=body, headers=headers, timeout=s.timeout_seconds
+                )
+        except (TimeoutError, httpx.TimeoutException):
+            return "timeout"
+        except httpx.ConnectError:
+            return "connect"
+        except httpx.HTTPError:
+            return "http_error"
+        if resp.status_code // 100 != 2:
+            return "http_status"
+        try:
+            data = resp.json()
+        except ValueError:
+            return "bad_response"
+        choices = data.get("choices") if isinstance(data, dict) else None
+        return None if isinstance(choices, list) and choices else "bad_response"
+
+    def _failed(self, reason: str) -> None:
+        now = time.monotonic()
+        if self._logged_at is None or now - self._logged_at >= FAILURE_LOG_EVERY_S:
+            log.warning(
+                "probe_failed",
+                target=self.target,
+                reason=reason,
+                seconds=round(self.stats.last_seconds or 0.0, 3),
+                failures_since_last_log=self._suppressed + 1,
+            )
+            self._logged_at, self._suppressed = now, 0
+        else:
+            self._suppressed += 1
+
+    def _recovered(self) -> None:
+        if self._logged_at is not None:
+            log.info("probe_recovered", target=self.target, suppressed=self._suppressed)
+        self._logged_at, self._suppressed = None, 0

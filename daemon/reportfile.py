@@ -1,0 +1,40 @@
+"""Writing a report: the page with a recording's document inline, in one HTML file."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from daemon.page.render import render_page
+from daemon.pagedata import report_document
+from daemon.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenReport:
+    path: Path
+    size_bytes: int
+    incidents: int
+    evaluations: int
+    skipped: int
+
+
+def write_report(
+    directory: str | Path, settings: Settings, out: str | Path, *, now: float | None = None
+) -> WrittenReport:
+    """Replay ``directory`` and write its report to ``out`` (whole, or not at all)."""
+    doc = report_document(directory, settings, now=time.time() if now is None else now)
+    page = render_page(doc, title=str(doc["title"]))
+    path = Path(out)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, path)
+    return WrittenReport(
+        path=path,
+        size_bytes=path.stat().st_size,
+        incidents=sum(len(s["incidents"]) for s in doc["sections"]),
+        evaluations=max((s["evaluations"] for s in doc["sections"]), default=0),
+        skipped=int(doc["skipped_count"]),
+    )
