@@ -132,7 +132,7 @@ class HardwareResolver:
             gpu_from = f"dcgm ({card.name})"
         else:
             gpu_from = "settings" if gpu is not None or bandwidth is not None else "none"
-            if card is not None and found_card is None:
+            if card is not None and card.name and found_card is None:
                 gpu_from += f" (dcgm's {card.name!r} is not in rules/gpus.yaml)"
         if given is not None and "compute_tflops" in said:
             compute = given.compute_tflops
