@@ -140,6 +140,7 @@ def build_rulebook(settings: Settings) -> Rulebook:
             itl_spike_ratio=th.itl_spike_ratio,
             near_ceiling_ratio=th.near_ceiling_ratio,
             roofline_impossible_ratio=th.roofline_impossible_ratio,
+            dram_active_busy=th.dram_active_busy,
             stall_after_seconds=th.stall_after_seconds,
         ),
         remediation=load_remediation(),

@@ -141,6 +141,12 @@ _SIGNALS: tuple[tuple[str, str, Callable[[Signals, Diagnosis], float | None]], .
         lambda s, d: _num(d.evidence.get("decode_roofline_ratio")),
     ),
     (
+        "gpu_dram_active_ratio",
+        "Share of cycles the card's memory interface was busy over the window "
+        "(DCGM_FI_PROF_DRAM_ACTIVE, mean over the server's GPUs; fleet mode with DCGM).",
+        lambda s, d: s.dram_active_mean,
+    ),
+    (
         "decode_step_seconds",
         "Measured decode step: mean inter-token latency (one sample per request per step).",
         lambda s, d: _num(d.evidence.get("decode_step_seconds")),

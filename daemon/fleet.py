@@ -1,21 +1,27 @@
 """Fleet mode: every vLLM server a Prometheus-compatible query API knows, diagnosed by the
-same core as a scraped one, from range queries instead of scrapes.
+same core as a scraped one, with Prometheus doing the windowing.
 
-Each tick asks ``/api/v1/query_range`` for the series the parser reads (by exact name,
-every naming era), from just after the last step it evaluated to now, one step per
-``interval_seconds`` (the first tick reaches back one window, so a diagnosis is ready at
-once). The samples are grouped by ``identity_labels`` (default ``job`` and
-``instance``): each group is one server, discovered the first time it appears and kept
-as a target with its own window and incidents. Each step of each server is turned back
-into exposition text and goes through the same parser, window, diagnosis and incident
-tracker as a scrape would: same exports, same webhooks.
+Each tick (one per ``interval_seconds``, at a time on that step's grid) sends a few
+instant queries (``daemon/fleet_queries.py``): bucket, counter and sum increases over
+``window_seconds``, gauge statistics, the KV pool, and DCGM's cards. The rows are
+grouped by ``identity_labels`` (default ``job`` and ``instance``): each group is one
+server, discovered the first time it appears and kept as a target with its own
+incidents. Its rows become the core's window totals and signals
+(``daemon/fleet_signals.py``), its card and model are resolved
+(``daemon/fleet_hardware.py``), and ``Evaluator.judge`` runs the same diagnosis and
+incident tracking as a scrape: same exports, same webhooks, same state store. The cost
+of a tick grows with servers, not with buckets x steps.
+
+Replicas: ``prometheus.shard`` gives this one the servers whose stable hash of their name
+(BLAKE2b, never Python's salted ``hash``) modulo ``count`` is ``index``, so replicas with
+the indexes 0 .. count-1 diagnose every server exactly once.
 
 The query API itself is a target too (named ``prometheus``), so ``vllm_triage_target_up``
 and ``vllm_triage_scrape_failures_total`` say when it cannot be read.
 
 Its answer is read as a target's body is (``daemon.scrape.BodyLimit``): at most
 ``max_body_bytes`` once decoded, with one layer of gzip accepted and inflated inside that
-limit (a range query's JSON shrinks about tenfold, and the query API is often across a
+limit (a query's JSON shrinks about tenfold, and the query API is often across a
 network), redirects not followed (its credentials stay with its URL), the whole request
 bounded by ``timeout_seconds``; the JSON is decoded on a worker thread.
 """
@@ -23,19 +29,24 @@ bounded by ``timeout_seconds``; the JSON is decoded on a worker thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
+import hashlib
 import json
 import re
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import httpx
 import structlog
 
-from daemon.core.names import SAMPLES
-from daemon.errors import ParseError, ScrapeError, TooCostlyError
+from daemon.core.window import signals_from_totals
+from daemon.errors import ScrapeError
 from daemon.exporter import label_value
+from daemon.fleet_hardware import Card, HardwareResolver
+from daemon.fleet_queries import NAMES_REGEX, FleetQuery, QueryPlan, inner
+from daemon.fleet_signals import Fleet, totals
 from daemon.httpauth import auth_headers
 from daemon.notifier import Notifier
 from daemon.redact import safe_url
@@ -47,16 +58,10 @@ from daemon.watcher import TargetWatcher
 
 log = structlog.get_logger("vllm_triage.fleet")
 
-#: Every sample name the parser reads, as one anchored regular expression.
-NAMES_REGEX = "|".join(re.escape(name) for name in sorted(SAMPLES))
 _NAME_OK = re.compile(r"[^A-Za-z0-9_.:/@-]+")
-
-
-def series_query(selector: str) -> str:
-    """The PromQL selecting the parser's series, narrowed by the user's label matchers."""
-    inner = selector.strip().removeprefix("{").removesuffix("}").strip()
-    matchers = f'__name__=~"{NAMES_REGEX}"' + (f", {inner}" if inner else "")
-    return "{" + matchers + "}"
+#: Queries of one tick in flight at once (Prometheus runs 20 at a time by default,
+#: ``--query.max-concurrency``, for every user together).
+CONCURRENT_QUERIES = 6
 
 
 def target_name(labels: Mapping[str, str], identity: Iterable[str]) -> str:
@@ -67,37 +72,30 @@ def target_name(labels: Mapping[str, str], identity: Iterable[str]) -> str:
     return label_value(name if name[0].isalnum() else "t" + name)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+@contextlib.contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Python's cycle collector off for a stretch that allocates a great many objects
+    without a cycle (JSON rows, signals, diagnoses): reference counting frees them all
+    the same. Left on, the collector scanned every live object of the fleet several
+    times per tick, 40 % of a tick's CPU at 2,000 servers and growing with the square of
+    the fleet (bench/bench_fleet.py). No await happens inside."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
-def exposition(samples: Iterable[tuple[Mapping[str, str], str]]) -> str:
-    """Exposition text for one server at one step: one line per (labels, value)."""
-    lines = []
-    for labels, value in samples:
-        name = labels["__name__"]
-        inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items() if k != "__name__")
-        lines.append(f"{name}{{{inner}}} {value}")
-    return "\n".join(lines) + "\n"
-
-
-def group_steps(
-    result: list[dict[str, Any]], identity: list[str]
-) -> dict[str, dict[float, list[tuple[dict[str, str], str]]]]:
-    """A ``query_range`` matrix as {server: {step time: [(labels, value)]}}."""
-    out: dict[str, dict[float, list[tuple[dict[str, str], str]]]] = defaultdict(
-        lambda: defaultdict(list)
-    )
-    for series in result:
-        labels: dict[str, str] = series["metric"]
-        name = target_name(labels, identity)
-        for at, value in series["values"]:
-            out[name][float(at)].append((labels, value))
-    return out
+def shard_of(name: str, count: int) -> int:
+    """The shard a server belongs to: the same on every replica, in every process."""
+    digest = hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % count
 
 
 class PrometheusSource:
-    """The fleet's one scheduled job: query, split by server, feed each server's core."""
+    """The fleet's one scheduled job: query, split by server, judge each server."""
 
     def __init__(
         self,
@@ -113,6 +111,26 @@ class PrometheusSource:
         self.source: PrometheusSourceSettings = settings.prometheus
         self.watchers: dict[str, TargetWatcher] = {}
         self.in_flight = False
+        self.hardware = HardwareResolver(settings)
+        src = self.source
+        dcgm = src.dcgm
+        self.plan = QueryPlan(
+            selector=src.selector,
+            identity=tuple(src.identity_labels),
+            window_seconds=settings.window_seconds,
+            step_seconds=settings.interval_seconds,
+            server_labels=tuple(dict.fromkeys((*dcgm.join, *self.hardware.labels))),
+            dcgm_selector=dcgm.selector if dcgm.enabled else None,
+            dcgm_join=tuple(dcgm.join.values()),
+            dcgm_gpu_metric=dcgm.gpu_metric,
+            dcgm_dram_metric=dcgm.dram_metric,
+        )
+        #: The names the fleet exposed at the last tick, and the queries asking for them.
+        self.present: frozenset[str] | None = None
+        self.queries: list[FleetQuery] = self.plan.queries()
+        #: Servers in the last answers (all of them, and this shard's), rows and bytes.
+        self.seen = self.owned = 0
+        self.last_rows = self.last_bytes = 0
         self._client = client
         self._notifier = notifier
         self._clock = clock
@@ -120,18 +138,44 @@ class PrometheusSource:
         self._headers = {
             "Accept": "application/json",
             "Accept-Encoding": "gzip",
-            **auth_headers(self.source),
+            **auth_headers(src),
         }
-        self._query = series_query(self.source.selector)
         self._last: float | None = None
         # The query API's own health, reported like a target's.
         self.api = TargetWatcher(
-            TargetSettings(name="prometheus", url=self.source.url),
+            TargetSettings(name="prometheus", url=src.url),
             settings,
             client=client,
             notifier=None,
             clock=clock,
         )
+        self._release_foreign()
+
+    def owns(self, name: str) -> bool:
+        shard = self.source.shard
+        return shard.count == 1 or shard_of(name, shard.count) == shard.index
+
+    def _release_foreign(self) -> None:
+        """Restored incidents of servers that are now another shard's (the replica count
+        changed): that replica diagnoses them now, so this one resolves its alerts for
+        them and forgets them, as for a target no longer configured."""
+        store, notifier = self._store, self._notifier
+        if store is None or self.source.shard.count == 1:
+            return
+        alerted: set[str] = set()
+        if notifier is not None:
+            alerted = {a.labels.get("target", "") for a in notifier.active.values()}
+        foreign = {n for n in set(store.restored.incidents) | alerted if n and not self.owns(n)}
+        if not foreign:
+            return
+        with store.batch():
+            for name in sorted(foreign):
+                log.warning("fleet_server_now_another_shards", target=name)
+                if name in store.restored.incidents:
+                    store.save_incidents(name, ())
+                    del store.restored.incidents[name]
+            if notifier is not None:
+                notifier.resolve_gone(alerted - foreign, self._clock())
 
     def states(self) -> list[TargetState]:
         return [self.api.state] + [w.state for _, w in sorted(self.watchers.items())]
@@ -139,7 +183,7 @@ class PrometheusSource:
     def _watcher(self, name: str) -> TargetWatcher:
         watcher = self.watchers.get(name)
         if watcher is None:
-            url = f"{self.source.url.rstrip('/')}/api/v1/query_range#{name}"
+            url = f"{self.source.url.rstrip('/')}/api/v1/query#{name}"
             watcher = TargetWatcher(
                 TargetSettings(name=name, url=url),
                 self.settings,
@@ -152,50 +196,88 @@ class PrometheusSource:
             log.info("fleet_target_discovered", target=name)
         return watcher
 
-    async def query_range(self, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        url = f"{self.source.url.rstrip('/')}/api/v1/query_range"
-        params = {"query": self._query, "start": f"{start:.3f}", "end": f"{end:.3f}"}
-        params["step"] = f"{step:g}"
+    async def exposed(self, at: float) -> frozenset[str] | None:
+        """The names of the series the queries read that the fleet exposed in the
+        window (the label values API: the index alone, no samples); ``None`` when the
+        API cannot say, and every naming is asked for."""
+        url = f"{self.source.url.rstrip('/')}/api/v1/label/__name__/values"
+        matchers = ", ".join(
+            m for m in (f'__name__=~"{NAMES_REGEX}"', inner(self.source.selector)) if m
+        )
+        params = {
+            "match[]": "{" + matchers + "}",
+            "start": f"{at - self.settings.window_seconds:.3f}",
+            "end": f"{at:.3f}",
+        }
+        try:
+            body = await self._bounded("GET", url, params=params)
+            doc = json.loads(body)
+            found = doc["data"] if isinstance(doc, dict) else None
+        except (ScrapeError, ValueError, KeyError, TypeError, RecursionError):
+            found = None
+        if not isinstance(found, list):
+            return None
+        return frozenset(n for n in found if isinstance(n, str))
+
+    async def query(self, q: FleetQuery, at: float) -> bytes:
+        """One instant query's body (POST: the queries are long)."""
+        url = f"{self.source.url.rstrip('/')}/api/v1/query"
+        data = {"query": q.promql, "time": f"{at:.3f}"}
+        return await self._bounded("POST", url, data=data, what=q.key)
+
+    async def _bounded(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        data: Mapping[str, str] | None = None,
+        what: str = "",
+    ) -> bytes:
+        """One answer of the query API, read as a target's body is: at most
+        ``max_body_bytes`` once decoded (one layer of gzip inflated inside that limit),
+        redirects not followed, the whole request bounded by ``timeout_seconds``."""
         timeout = self.source.timeout_seconds
+        shown = safe_url(url) + (f" ({what})" if what else "")
         try:
             async with (
                 asyncio.timeout(timeout),
                 self._client.stream(
-                    "GET",
+                    method,
                     url,
                     params=params,
+                    data=data,
                     headers=self._headers,
                     timeout=timeout,
                     follow_redirects=False,
                 ) as resp,
             ):
                 if resp.status_code // 100 != 2:
-                    raise ScrapeError(
-                        f"HTTP {resp.status_code} from {safe_url(url)}", reason="http_status"
-                    )
+                    raise ScrapeError(f"HTTP {resp.status_code} from {shown}", reason="http_status")
                 limit = BodyLimit(
                     self.settings.max_body_bytes, url, resp.headers.get("Content-Encoding", "")
                 )
                 async for chunk in resp.aiter_raw():
                     limit.add(chunk)
-                body = limit.body()
+                return limit.body()
         except TimeoutError as exc:
-            raise ScrapeError(
-                f"timed out after {timeout:g} s: {safe_url(url)}", reason="timeout"
-            ) from exc
+            raise ScrapeError(f"timed out after {timeout:g} s: {shown}", reason="timeout") from exc
         except httpx.HTTPError as exc:
             raise scrape_error(exc, url, timeout) from exc
+
+    @staticmethod
+    def rows(q: FleetQuery, body: bytes) -> list[dict[str, Any]]:
+        """The rows of an instant query's answer; ``ScrapeError`` if it is not one."""
         try:
-            doc = await asyncio.to_thread(json.loads, body)
-            if not isinstance(doc, dict) or doc.get("status") != "success":
-                raise ValueError("status is not success")
+            doc = json.loads(body)
+            if doc.get("status") != "success":
+                raise ValueError(doc.get("error", "status is not success"))
+            if doc["data"]["resultType"] != "vector":
+                raise ValueError(f"a {doc['data']['resultType']}, not a vector")
             result: list[dict[str, Any]] = doc["data"]["result"]
-            if not isinstance(result, list):
-                raise TypeError("data.result is not a list")
-        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             raise ScrapeError(
-                f"not a query_range answer from {safe_url(url)}: {str(exc)[:200]}",
-                reason="parse",
+                f"not an instant query answer ({q.key}): {str(exc)[:200]}", reason="parse"
             ) from exc
         return result
 
@@ -204,43 +286,84 @@ class PrometheusSource:
         self.in_flight = True
         step = self.settings.interval_seconds
         now = self._clock()
-        # Steps on a fixed grid, so that consecutive ticks neither skip nor repeat one.
-        end = now - now % step
-        start = end - self.settings.window_seconds if self._last is None else self._last + step
+        # Evaluation times on a fixed grid: consecutive ticks neither repeat nor drift.
+        at = now - now % step
         api = self.api.state
         started = time.monotonic()
+        fleet = Fleet(
+            identity=tuple(self.source.identity_labels),
+            name_of=lambda labels: target_name(labels, self.source.identity_labels),
+        )
         try:
-            if start > end:
+            if self._last is not None and at <= self._last:
                 return
-            result = await self.query_range(start, end, step)
+            present = await self.exposed(at)
+            if present != self.present:
+                self.present = present
+                self.queries = self.plan.queries(present)
+            await self._read_all(fleet, at)
         except ScrapeError as exc:
             self.api.failed(exc.reason, str(exc))
             return
         finally:
             api.attempted(now, time.monotonic() - started)
             self.in_flight = False
-        try:
-            grouped = group_steps(result, self.source.identity_labels)
-        except (KeyError, TypeError, ValueError) as exc:
-            self.api.failed("parse", f"not a query_range matrix: {type(exc).__name__}")
-            return
         api.up, api.last_success_at = True, now
-        self._last = end
+        self._last = at
+        self.last_rows = fleet.rows
+        if fleet.unusable:
+            log.warning("fleet_rows_unusable", rows=fleet.unusable, of=fleet.rows)
+        with cyclic_gc_paused():
+            self._judge(fleet, at)
+
+    async def _read_all(self, fleet: Fleet, at: float) -> None:
+        """Every query of the tick, a few in flight at a time (the query API serves
+        dashboards and rules too), each answer read as it arrives while the others are
+        evaluated, and dropped once read: memory holds one parsed answer at a time."""
+        limit = asyncio.Semaphore(CONCURRENT_QUERIES)
+        join = tuple(self.source.dcgm.join.values())
+
+        async def one(q: FleetQuery) -> None:
+            async with limit:
+                body = await self.query(q, at)
+            # Read here, not handed back: a finished task keeps its result alive.
+            self.last_bytes += len(body)
+            with cyclic_gc_paused():
+                fleet.read(q.key, self.rows(q, body), join)
+
+        tasks = [asyncio.create_task(one(q)) for q in self.queries]
+        self.last_bytes = 0
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _judge(self, fleet: Fleet, at: float) -> None:
+        window = self.settings.window_seconds
+        min_obs = self.settings.thresholds.min_observations
+        join = tuple(self.source.dcgm.join)
+        owned = {n: s for n, s in fleet.servers.items() if self.owns(n)}
+        self.seen, self.owned = len(fleet.servers), len(owned)
         for name, watcher in self.watchers.items():
-            if name not in grouped:
+            if name not in owned:
                 watcher.failed("absent", "no series for this server in the query API")
-        for name, steps in sorted(grouped.items()):
+        for name, server in sorted(owned.items()):
+            if not server.models:
+                continue  # only a KV pool so far: nothing to judge
+            pod = tuple(server.labels.get(k, "") for k in join)
+            gpus = fleet.dcgm_gpus.get(pod) if any(pod) else None
+            card = Card(gpus) if gpus else None
+            dram = fleet.dcgm_dram.get(pod) if any(pod) else None
+            pool = server.pool_tokens()
+            rulebooks = {m: self.hardware.resolve(server.labels, m, card) for m in server.models}
+            signals = {
+                m: signals_from_totals(
+                    totals(server, m, at, window, pool_tokens=pool, dram_active=dram), min_obs
+                )
+                for m in server.models
+            }
             watcher = self._watcher(name)
-            for at in sorted(steps):
-                watcher.state.attempted(at)
-                try:
-                    snapshot = watcher.parser.parse(
-                        exposition(steps[at]), at, keep=watcher.known_models()
-                    )
-                except TooCostlyError as exc:
-                    watcher.failed("too_costly", f"refused: reading it would cost too much: {exc}")
-                    continue
-                except ParseError as exc:
-                    watcher.failed("parse", f"unusable series from the query API: {exc}")
-                    continue
-                watcher.consume(snapshot)
+            watcher.state.attempted(at)
+            watcher.consume_signals(at, signals, rulebooks, tuple(server.problems))

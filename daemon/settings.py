@@ -46,6 +46,7 @@ from daemon.core.parse import (
     DEFAULT_MAX_MODELS,
 )
 from daemon.errors import ConfigError
+from daemon.matchers import parse_matchers
 from daemon.redact import quoted, safe_url
 from daemon.rules import read_bundled, read_file
 
@@ -76,6 +77,7 @@ class ThresholdSettings(BaseModel):
     near_ceiling_ratio: float = Field(gt=0, le=1)
     roofline_impossible_ratio: float = Field(gt=1)
     stall_after_seconds: float = Field(gt=0)
+    dram_active_busy: float = Field(gt=0, le=1)
 
 
 class HardwareSettings(BaseModel):
@@ -257,18 +259,83 @@ class TargetSettings(HttpAuth):
         return data
 
 
+LabelName = Annotated[str, Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")]
+#: PromQL label matchers, ``{namespace="llm", pod=~"llama-.*"}``.
+Selector = Annotated[str, Field(default="", pattern=r"^\s*(\{.*\})?\s*$")]
+
+
+def _matchers(text: str) -> str:
+    parse_matchers(text)  # raises ValueError saying what is wrong
+    return text
+
+
+class ShardSettings(BaseModel):
+    """This replica's share of the fleet: the servers whose stable hash of their name,
+    modulo ``count``, is ``index`` (``daemon/fleet.py``). Replicas with the same count
+    and the indexes 0 .. count-1 diagnose every server exactly once."""
+
+    model_config = _FROZEN
+    index: int = Field(default=0, ge=0)
+    count: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _in_range(self) -> ShardSettings:
+        if self.index >= self.count:
+            raise ValueError(f"index {self.index} must be below count {self.count}")
+        return self
+
+
+class DcgmSettings(BaseModel):
+    """NVIDIA's DCGM exporter series in the same query API: each server's card (its
+    ``modelName`` label, looked up in rules/gpus.yaml), its GPU count (as the
+    tensor-parallel size) and its memory activity.
+
+    ``join`` maps a label of vLLM's series to the DCGM label holding the same value
+    (in Kubernetes, the pod: DCGM's pod mapping labels each GPU with the namespace and
+    pod using it; behind a ServiceMonitor without ``honorLabels`` they arrive as
+    ``exported_namespace`` and ``exported_pod``).
+    """
+
+    model_config = _FROZEN
+    enabled: bool = True
+    selector: Selector = ""
+    join: dict[LabelName, LabelName] = Field(
+        default_factory=lambda: {"namespace": "namespace", "pod": "pod"}, min_length=1
+    )
+    #: A series DCGM exports once per GPU (or MIG instance), always: it lists the GPUs.
+    gpu_metric: LabelName = "DCGM_FI_DEV_FB_USED"
+    dram_metric: LabelName = "DCGM_FI_PROF_DRAM_ACTIVE"
+
+
+class ServerRule(BaseModel):
+    """Servers whose labels match ``match`` get this hardware and model (first matching
+    rule wins; the keys it gives replace what DCGM detected and the defaults)."""
+
+    model_config = _FROZEN
+    match: Annotated[str, AfterValidator(_matchers)]
+    hardware: HardwareSettings | None = None
+    model: ModelSettings | None = None
+
+
 class PrometheusSourceSettings(HttpAuth):
     """Fleet mode: where to read vLLM's series from, instead of scraping each server.
 
     Any Prometheus-compatible query API (Prometheus, Thanos, Mimir, VictoriaMetrics).
     ``selector`` narrows the series (PromQL label matchers, e.g. ``{namespace="llm"}``);
-    each distinct combination of ``identity_labels`` is one server (a target).
+    each distinct combination of ``identity_labels`` is one server (a target). Each
+    server's hardware and model: the first of ``servers`` whose ``match`` it meets, then
+    what DCGM says (``dcgm``), then ``models`` by its ``model_name``, then the top-level
+    ``hardware`` and ``model``.
     """
 
     url: HttpUrl = Field(repr=False)
-    selector: str = Field(default="", pattern=r"^\s*(\{.*\})?\s*$")
-    identity_labels: list[str] = Field(default=["job", "instance"], min_length=1)
+    selector: Selector = ""
+    identity_labels: list[LabelName] = Field(default=["job", "instance"], min_length=1)
     timeout_seconds: float = Field(default=10, gt=0)
+    shard: ShardSettings = ShardSettings()
+    dcgm: DcgmSettings = DcgmSettings()
+    servers: list[ServerRule] = Field(default_factory=list)
+    models: dict[str, ModelSettings] = Field(default_factory=dict)
 
 
 ReceiverType = Literal["alertmanager_webhook", "alertmanager", "slack"]
@@ -566,6 +633,29 @@ def _resolve_config_json(section: Mapping[str, Any], folder: Path) -> dict[str, 
     return dict(section)
 
 
+def _resolve_fleet_config_json(user: Mapping[str, Any], folder: Path) -> dict[str, Any]:
+    """``user`` with the relative ``config_json`` of fleet mode's rules and model table
+    made relative to ``folder``, as the top-level one is."""
+    prom = user.get("prometheus")
+    if not isinstance(prom, Mapping):
+        return dict(user)
+    prom = dict(prom)
+    rules = prom.get("servers")
+    if isinstance(rules, list):
+        prom["servers"] = [
+            _resolve_config_json(r, folder) if isinstance(r, Mapping) else r for r in rules
+        ]
+    table = prom.get("models")
+    if isinstance(table, Mapping):
+        prom["models"] = {
+            name: (
+                _resolve_config_json({"model": m}, folder)["model"] if isinstance(m, Mapping) else m
+            )
+            for name, m in table.items()
+        }
+    return {**user, "prometheus": prom}
+
+
 def load_settings(
     config: str | Path | None = None,
     flags: Mapping[str, Any] | None = None,
@@ -588,6 +678,7 @@ def load_settings(
         if not isinstance(user, Mapping):
             raise ConfigError(f"{config}: expected a mapping of settings at the top level")
         user = _resolve_config_json(user, Path(config).parent)
+        user = _resolve_fleet_config_json(user, Path(config).parent)
         targets = user.get("targets")
         if isinstance(targets, list):
             user = {

@@ -10,15 +10,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import httpx
 import structlog
 
 from daemon.assemble import build_evaluator, build_rulebook, parse_limits
+from daemon.core.evaluate import Evaluation
 from daemon.core.incidents import TrackRecord
-from daemon.core.model import Snapshot, Transition
+from daemon.core.model import Signals, Snapshot, Transition
 from daemon.core.parse import SnapshotParser
+from daemon.core.rulebook import Rulebook
 from daemon.core.timeline import setting_values
 from daemon.errors import ParseError, ScrapeError, TooCostlyError
 from daemon.history import History
@@ -71,6 +73,7 @@ class TargetWatcher:
         self._clock = clock
         self._timeout = settings.scrape_timeout
         self._max_body = settings.max_body_bytes
+        self._max_models = settings.max_models_per_target
         self._dropped_logged_at: float | None = None
         self._problems_logged_at: float | None = None
         self._problems_suppressed = 0
@@ -160,33 +163,65 @@ class TargetWatcher:
             await asyncio.sleep(0)
 
     def consume(self, snapshot: Snapshot) -> None:
-        """A snapshot that arrived (scraped here, or read from Prometheus in fleet mode):
-        evaluate it, publish the result, hand the transitions to the notifier. With a
-        store, the incident state and what the notifier did are one transaction."""
+        """A scraped snapshot: evaluate it, publish the result, hand the transitions to
+        the notifier. With a store, the incident state and what the notifier did are one
+        transaction."""
+        self._saving(lambda: self._consume(snapshot))
+
+    def consume_signals(
+        self,
+        at: float,
+        signals: Mapping[str, Signals],
+        rulebooks: Mapping[str, Rulebook],
+        problems: tuple[str, ...] = (),
+    ) -> None:
+        """Fleet mode: signals Prometheus windowed, with each model's own hardware and
+        model facts (``Evaluator.judge``); published and notified as ``consume`` does."""
+        self._saving(lambda: self._judge(at, signals, rulebooks, problems))
+
+    def _saving(self, evaluate: Callable[[], None]) -> None:
         if self._store is None:
-            self._consume(snapshot)
+            evaluate()
             return
         with self._store.batch():
-            self._consume(snapshot)
+            evaluate()
             records = self.evaluator.incidents.export()
             if records != self._saved:
                 self._store.save_incidents(self.state.name, records)
                 self._saved = records
 
     def _consume(self, snapshot: Snapshot) -> None:
-        st = self.state
-        at = snapshot.at
-        self._recovered()
-        st.up, st.last_success_at = True, at
         if self.parser.models_dropped:
             self._dropped(len(snapshot.models))
         if self.prober is not None:
             # The core sees the probe as data, taken with the scrape.
             snapshot = dataclasses.replace(snapshot, probe=self.prober.status())
-        evaluation = self.evaluator.step(snapshot)
-        if snapshot.problems:
-            st.series_problems += len(snapshot.problems)
-            self._log_problems(snapshot.problems)
+        self._publish(self.evaluator.step(snapshot))
+
+    def _judge(
+        self,
+        at: float,
+        signals: Mapping[str, Signals],
+        rulebooks: Mapping[str, Rulebook],
+        problems: tuple[str, ...],
+    ) -> None:
+        if len(signals) > self._max_models:
+            keep = sorted(signals)[: self._max_models]
+            self.state.models_dropped += len(signals) - len(keep)
+            signals = {m: signals[m] for m in keep}
+        for rules in rulebooks.values():
+            self.state.ceiling = rules.ceiling  # what the API shows: the server's card
+            break
+        self._publish(self.evaluator.judge(at, signals, rulebooks, problems))
+
+    def _publish(self, evaluation: Evaluation) -> None:
+        st = self.state
+        at = evaluation.at
+        self._recovered()
+        st.up, st.last_success_at = True, at
+        if evaluation.problems:
+            st.series_problems += len(evaluation.problems)
+            self._log_problems(evaluation.problems)
         if not evaluation.accepted:
             log.warning("snapshot_out_of_order", target=st.name, at=at)
             return

@@ -333,6 +333,80 @@ class TestDecodeRoofline:
         assert f"{2.5 / (FLOOR_S * 1.1):.3g} tok/s per stream" in d.summary
 
 
+class TestMeasuredMemoryActivity:
+    """DCGM's DRAM activity in the decode split (fleet mode): a card busy reading memory
+    is at its limit whatever the arithmetic says; disagreements are said."""
+
+    def test_busy_memory_is_the_hardware_limit_though_the_floor_is_low(self) -> None:
+        """The arithmetic puts the step at a quarter of its floor (it misses reads), but
+        the memory interface is busy 75 % of cycles: at the hardware limit."""
+        d = diagnose(
+            signals(**BATCH, itl_mean=FLOOR_S * 4, dram_active_mean=0.75), roofline_rules()
+        )
+        ev = d.evidence
+        assert ev["decode_limit"] == "hardware"
+        assert ev["decode_dram_active_ratio"] == 0.75
+        assert ev["decode_dram_agrees_with_roofline"] is False
+        assert "memory busy 75% of cycles" in d.summary
+        assert "at the hardware limit by measurement, though the floor is only 25%" in d.summary
+        assert "fp8" in d.remediation[0]  # the reads to cut, KV's first
+
+    def test_quiet_memory_disagrees_with_a_memory_bound_floor(self) -> None:
+        d = diagnose(
+            signals(**BATCH, itl_mean=FLOOR_S * 1.1, dram_active_mean=0.2), roofline_rules()
+        )
+        assert d.evidence["decode_limit"] == "hardware"  # the roofline's verdict stands
+        assert d.evidence["decode_dram_agrees_with_roofline"] is False
+        assert "busy only 20% of cycles: the measurement and the arithmetic disagree" in d.summary
+
+    def test_both_say_the_limit(self) -> None:
+        d = diagnose(
+            signals(**BATCH, itl_mean=FLOOR_S * 1.1, dram_active_mean=0.7), roofline_rules()
+        )
+        assert d.evidence["decode_dram_agrees_with_roofline"] is True
+        assert "disagree" not in d.summary
+
+    def test_quiet_memory_below_the_floor_agrees_on_the_serving_stack(self) -> None:
+        d = diagnose(signals(**BATCH, itl_mean=FLOOR_S * 4, dram_active_mean=0.2), roofline_rules())
+        assert d.evidence["decode_limit"] == "serving_stack"
+        assert d.evidence["decode_dram_agrees_with_roofline"] is True
+
+    def test_a_compute_bound_step_leaves_the_memory_quiet(self) -> None:
+        changes = dict(
+            itl_p99=q(0.3),
+            itl_mean=0.15,
+            running_mean=32.0,
+            kv_usage_mean=0.05,
+            kv_pool_tokens=400_000,
+            prompt_tokens_per_second=50_000.0,
+            dram_active_mean=0.1,
+        )
+        d = diagnose(signals(**changes), roofline_rules())
+        assert d.evidence["decode_bound_by"] == "compute"
+        assert d.evidence["decode_dram_agrees_with_roofline"] is True
+
+    def test_busy_memory_without_any_hardware_settings(self) -> None:
+        d = diagnose(signals(itl_p99=q(0.3), itl_mean=0.2, dram_active_mean=0.8), rules())
+        assert d.evidence["decode_limit"] == "hardware"
+        assert "decode_dram_agrees_with_roofline" not in d.evidence
+        assert "memory busy 80% of cycles: at the hardware limit" in d.summary
+
+    def test_the_threshold_is_the_settings(self) -> None:
+        strict = dataclasses.replace(
+            roofline_rules(),
+            thresholds=dataclasses.replace(SETTINGS_THRESHOLDS, dram_active_busy=0.9),
+        )
+        d = diagnose(signals(**BATCH, itl_mean=FLOOR_S * 4, dram_active_mean=0.75), strict)
+        assert d.evidence["decode_limit"] == "serving_stack"
+
+    def test_a_sidecar_has_no_measurement(self) -> None:
+        d = diagnose(signals(**BATCH, itl_mean=FLOOR_S * 4), roofline_rules())
+        assert "decode_dram_active_ratio" not in d.evidence and "DCGM" not in d.summary
+
+
+SETTINGS_THRESHOLDS = build_rulebook(SETTINGS).thresholds
+
+
 class TestEvidence:
     def test_evidence_holds_the_deciding_numbers(self) -> None:
         """KV pressure's evidence carries the headroom, usage, waiting and preemptions."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -285,3 +286,43 @@ class TestStalls:
     def test_an_idle_server_is_not_stalled(self) -> None:
         ev = build_evaluator(load_settings())
         assert run(ev, [engine(t, 5000, running=0.0) for t in range(0, 600, 5)]) == []
+
+
+class TestJudge:
+    """``Evaluator.judge``: signals windowed elsewhere (fleet mode), judged as ``step``
+    judges the window's."""
+
+    def test_same_transitions_as_step(self) -> None:
+        """Fed the signals its own window gives, judge makes step's transitions."""
+        stepped = build_evaluator(load_settings())
+        judged = build_evaluator(load_settings())
+        for i in range(8):
+            at = i * 5.0
+            e = stepped.step(two_models(at, waiting_a=10.0 if i < 5 else 0.0, total_b=0.0))
+            j = judged.judge(at, e.signals)
+            assert j.accepted and j.diagnoses == e.diagnoses
+            assert j.transitions == e.transitions
+        assert judged.incidents.export() == stepped.incidents.export()
+
+    def test_a_time_not_after_the_last_is_refused(self) -> None:
+        ev = build_evaluator(load_settings())
+        signals = ev.step(two_models(10.0, 0.0, 0.0)).signals
+        assert ev.judge(15.0, signals).accepted
+        late = ev.judge(15.0, signals, problems=("x",))
+        assert not late.accepted and late.diagnoses == {} and late.problems == ("x",)
+
+    def test_each_model_its_own_rulebook_and_provenance(self, tmp_path: Path) -> None:
+        """A model's rulebook (its card, its model) is used for it alone, and where its
+        facts came from joins its evidence."""
+        cfg = tmp_path / "t.yaml"
+        cfg.write_text("hardware: {gpu: l4}\nmodel: {parameters_billion: 8}\n")
+        own = dataclasses.replace(
+            build_rulebook(load_settings(cfg)),
+            provenance={"gpu_source": "dcgm (NVIDIA L4)", "model_source": "model table"},
+        )
+        ev = build_evaluator(load_settings())
+        signals = build_evaluator(load_settings()).step(two_models(0.0, 0.0, 0.0)).signals
+        j = ev.judge(0.0, signals, {"a": own})
+        assert j.diagnoses["a"].evidence["gpu_source"] == "dcgm (NVIDIA L4)"
+        assert j.diagnoses["a"].evidence["model_source"] == "model table"
+        assert "gpu_source" not in j.diagnoses["b"].evidence

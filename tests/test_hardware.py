@@ -195,6 +195,37 @@ class TestFindGPU:
         """Lookup ignores case, spaces, dashes and underscores, and matches aliases."""
         assert find_gpu(query).name == name
 
+    @pytest.mark.parametrize(
+        ("dcgm", "name"),
+        [
+            ("NVIDIA H100 80GB HBM3", "NVIDIA H100 SXM"),
+            ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe"),
+            ("NVIDIA H100 NVL", "NVIDIA H100 NVL"),
+            ("NVIDIA H200", "NVIDIA H200"),
+            ("NVIDIA B200", "NVIDIA B200"),
+            ("NVIDIA GH200 480GB", "NVIDIA GH200"),
+            ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB SXM"),
+            ("NVIDIA A100 80GB PCIe", "NVIDIA A100 80GB PCIe"),
+            ("NVIDIA A100-SXM4-40GB", "NVIDIA A100 40GB"),
+            ("NVIDIA A100-PCIE-40GB", "NVIDIA A100 40GB"),
+            ("NVIDIA L40S", "NVIDIA L40S"),
+            ("NVIDIA L40", "NVIDIA L40"),
+            ("NVIDIA L4", "NVIDIA L4"),
+            ("NVIDIA A10G", "NVIDIA A10G"),
+            ("NVIDIA A10", "NVIDIA A10"),
+            ("Tesla T4", "NVIDIA T4"),
+            ("Tesla V100-SXM2-32GB", "NVIDIA V100 SXM2"),
+            ("NVIDIA GeForce RTX 4090", "NVIDIA RTX 4090"),
+            ("NVIDIA RTX A6000", "NVIDIA RTX A6000"),
+            ("NVIDIA RTX 6000 Ada Generation", "NVIDIA RTX 6000 Ada"),
+        ],
+        ids=str,
+    )
+    def test_dcgm_model_names(self, dcgm: str, name: str) -> None:
+        """The ``modelName`` label NVIDIA's DCGM exporter puts on every series (the name
+        nvidia-smi prints) finds its row: fleet mode looks each server's card up by it."""
+        assert find_gpu(dcgm).name == name
+
     def test_unknown_gpu_lists_known_names(self) -> None:
         """An unknown name raises ConfigError that lists the table's names."""
         with pytest.raises(ConfigError) as err:

@@ -431,3 +431,122 @@ class TestWorkloadAndService:
             assert named[name] == (named[target] if isinstance(target, str) else target)
         # Before Kubernetes 1.32, Service endpoints do not resolve a sidecar's named port.
         assert isinstance(ports["triage-metrics"]["targetPort"], int)
+
+
+FLEET = KDIR / "fleet"
+FLEET_CORE = ("configmap.yaml", "service.yaml", "statefulset.yaml")
+#: The fleet daemon's peak resident memory at 2,000 servers (bench/bench_fleet.py,
+#: README "Speed and memory"), what its memory limit is held to.
+FLEET_RSS_MB_AT_2000 = 152
+
+
+def fleet_doc(name: str, kind: str) -> dict[str, Any]:
+    found = [d for d in yaml.safe_load_all((FLEET / name).read_text(encoding="utf-8")) if d]
+    found = [d for d in found if d.get("kind") == kind]
+    assert len(found) == 1, f"fleet/{name}: expected one {kind}"
+    return found[0]
+
+
+def fleet_container() -> dict[str, Any]:
+    spec = fleet_doc("statefulset.yaml", "StatefulSet")["spec"]["template"]["spec"]
+    (c,) = [c for c in spec["containers"] if c["name"] == "vllm-triage"]
+    return c
+
+
+def fleet_settings(tmp_path: Path, env: dict[str, str] | None = None) -> Any:
+    path = tmp_path / "triage.yaml"
+    path.write_text(fleet_doc("configmap.yaml", "ConfigMap")["data"]["triage.yaml"])
+    mp = pytest.MonkeyPatch()
+    try:
+        for key, value in (env or {}).items():
+            mp.setenv(key, value)
+        return load_settings(path)
+    finally:
+        mp.undo()
+
+
+class TestFleet:
+    """deploy/kubernetes/fleet/: fleet mode as a StatefulSet, one shard per replica."""
+
+    def test_core_objects_pass_kubernetes_validate(self) -> None:
+        result = subprocess.run(
+            [
+                kubernetes_validate(),
+                "--strict",
+                "-k",
+                KUBERNETES_VERSION,
+                *(str(FLEET / name) for name in FLEET_CORE),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        out = result.stdout + result.stderr
+        assert result.returncode == 0, out
+        assert out.count("passed for resource") == len(FLEET_CORE), out
+
+    def test_kustomization_lists_every_manifest(self) -> None:
+        kust = yaml.safe_load((FLEET / "kustomization.yaml").read_text(encoding="utf-8"))
+        on_disk = {p.name for p in FLEET.glob("*.yaml")} - {"kustomization.yaml"}
+        assert sorted(kust["resources"]) == sorted(on_disk) == sorted(FLEET_CORE)
+        assert "namespace" not in kust
+
+    def test_one_shard_per_replica(self, tmp_path: Path) -> None:
+        """replicas equal shard.count, and each pod's ordinal (the pod-index label,
+        through the downward API) is its shard index."""
+        sts = fleet_doc("statefulset.yaml", "StatefulSet")
+        settings = fleet_settings(tmp_path)
+        assert settings.source == "prometheus" and settings.prometheus is not None
+        assert settings.prometheus.shard.count == sts["spec"]["replicas"] >= 2
+        (env,) = [
+            e for e in fleet_container()["env"] if e["name"].startswith("VLLM_TRIAGE_PROMETHEUS")
+        ]
+        assert env["name"] == "VLLM_TRIAGE_PROMETHEUS__SHARD__INDEX"
+        ref = env["valueFrom"]["fieldRef"]["fieldPath"]
+        assert ref == "metadata.labels['apps.kubernetes.io/pod-index']"
+        for index in range(sts["spec"]["replicas"]):
+            prom = fleet_settings(tmp_path, {env["name"]: str(index)}).prometheus
+            assert prom is not None and prom.shard.index == index
+            assert prom.url == settings.prometheus.url  # the file's other keys stay
+
+    def test_the_governing_service_and_the_pods(self) -> None:
+        sts = fleet_doc("statefulset.yaml", "StatefulSet")
+        svc = fleet_doc("service.yaml", "Service")
+        assert sts["spec"]["serviceName"] == svc["metadata"]["name"]
+        assert svc["spec"]["clusterIP"] == "None"
+        labels = sts["spec"]["template"]["metadata"]["labels"]
+        assert svc["spec"]["selector"].items() <= labels.items()
+        assert sts["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        assert sts["spec"]["podManagementPolicy"] == "Parallel"
+
+    def test_the_container(self, tmp_path: Path) -> None:
+        c = fleet_container()
+        settings = fleet_settings(tmp_path)
+        assert c["args"] == dockerfile_cmd()
+        port = {p["name"]: p["containerPort"] for p in c["ports"]}["triage-metrics"]
+        assert split_listen(settings.listen)[1] == port
+        assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        sc = c["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True and sc["runAsNonRoot"] is True
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert mounts["/etc/vllm-triage"] == "triage-config"
+        state = settings.state_path(None)
+        claims = {
+            t["metadata"]["name"]
+            for t in fleet_doc("statefulset.yaml", "StatefulSet")["spec"]["volumeClaimTemplates"]
+        }
+        assert mounts[str(state)] in claims  # one state volume per replica
+
+    def test_memory_covers_the_measured_fleet(self) -> None:
+        res = fleet_container()["resources"]
+        limit_mb = mebibytes(res["limits"]["memory"]) * 2**20 / 1e6
+        assert limit_mb >= 2 * FLEET_RSS_MB_AT_2000
+        assert mebibytes(res["requests"]["memory"]) * 2**20 / 1e6 >= FLEET_RSS_MB_AT_2000
+
+    def test_the_configmap_names_an_alertmanager_for_deduplication(self) -> None:
+        """Overlapping replicas send identical alerts; only Alertmanager merges them."""
+        text = fleet_doc("configmap.yaml", "ConfigMap")["data"]["triage.yaml"]
+        assert "#   - type: alertmanager" in text

@@ -362,3 +362,59 @@ class TestSecrets:
         with pytest.raises(ValueError, match="frozen"):
             s.listen = "127.0.0.1:1"  # type: ignore[misc]
         assert isinstance(s, Settings)
+
+
+class TestFleetSettings:
+    """``source: prometheus``: shards, DCGM, rules and the model table."""
+
+    def fleet(self, tmp_path: Path, **prom: Any) -> Settings:
+        return load_settings(
+            write(
+                tmp_path,
+                {"source": "prometheus", "prometheus": {"url": "http://prom:9090", **prom}},
+            )
+        )
+
+    def test_defaults(self, tmp_path: Path) -> None:
+        p = self.fleet(tmp_path).prometheus
+        assert p is not None
+        assert (p.shard.index, p.shard.count) == (0, 1)
+        assert p.dcgm.enabled and p.dcgm.join == {"namespace": "namespace", "pod": "pod"}
+        assert p.dcgm.gpu_metric == "DCGM_FI_DEV_FB_USED"
+        assert p.servers == [] and p.models == {}
+
+    def test_the_shard_index_from_the_environment(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A StatefulSet passes each pod's ordinal as VLLM_TRIAGE_PROMETHEUS__SHARD__INDEX;
+        the file's other prometheus keys stay."""
+        monkeypatch.setenv("VLLM_TRIAGE_PROMETHEUS__SHARD__INDEX", "2")
+        p = self.fleet(tmp_path, shard={"count": 3}).prometheus
+        assert p is not None and p.url == "http://prom:9090"
+        assert (p.shard.index, p.shard.count) == (2, 3)
+
+    @pytest.mark.parametrize(
+        ("prom", "key"),
+        [
+            ({"shard": {"index": 3, "count": 3}}, "prometheus.shard"),
+            ({"shard": {"count": 0}}, "prometheus.shard.count"),
+            ({"identity_labels": ["bad-label"]}, "prometheus.identity_labels.0"),
+            ({"dcgm": {"join": {"pod": "exported pod"}}}, "prometheus.dcgm.join"),
+            ({"dcgm": {"join": {}}}, "prometheus.dcgm.join"),
+            ({"servers": [{"match": '{pod=~"("}'}]}, "prometheus.servers.0.match"),
+            (
+                {"servers": [{"match": "{}", "hardware": {"gpux": "h100"}}]},
+                "prometheus.servers.0.hardware.gpux",
+            ),
+            (
+                {"models": {"m": {"parameters_billion": -1}}},
+                "prometheus.models.m.parameters_billion",
+            ),
+        ],
+    )
+    def test_bad_values_name_their_key(
+        self, tmp_path: Path, prom: dict[str, Any], key: str
+    ) -> None:
+        with pytest.raises(ConfigError) as err:
+            self.fleet(tmp_path, **prom)
+        assert f"  {key}" in str(err.value)

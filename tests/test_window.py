@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.core.model import Histogram, KVPool, ModelSeries, ProbeStatus, Snapshot
-from daemon.core.window import Window, _sum_steps, _window_deltas
+from daemon.core.model import (
+    Histogram,
+    KVPool,
+    ModelSeries,
+    ProbeStatus,
+    Snapshot,
+    WindowTotals,
+)
+from daemon.core.window import Window, _sum_steps, _window_deltas, signals_from_totals
 
 from snapshots import hist, snap
 
@@ -398,3 +406,58 @@ class TestProgress:
         fill(w, [snap(40.0, generation_tokens=0.0, kv_usage=0.1, running=8.0)])
         p = w.signals("m").progress
         assert p is not None and p.last_progress_at == 40.0
+
+
+class TestTotals:
+    """``signals_from_totals``: the one reading of a window's totals, shared by the
+    sidecar's window and fleet mode's Prometheus answers."""
+
+    def totals(self) -> tuple[Window, WindowTotals]:
+        w = Window(60, min_observations=5)
+        fill(
+            w,
+            [
+                snap(
+                    t,
+                    pool=KVPool(block_size=16, num_gpu_blocks=1000),
+                    running=4.0,
+                    waiting=float(t % 2),
+                    kv_usage=0.5,
+                    generation_tokens=t * 100.0,
+                    ttft=hist([0, 2 * t, t] + [0] * 8, total=t * 1.0),
+                    queue_time=hist([t] + [0] * 10, total=t * 0.1),
+                )
+                for t in range(0, 61, 5)
+            ],
+        )
+        return w, w.totals("m")
+
+    def test_the_window_reads_its_totals(self) -> None:
+        w, t = self.totals()
+        assert t.span_seconds == 60 and t.snapshots == 13 and t.kv_pool_tokens == 16_000
+        assert t.counters["generation_tokens"] == 6000
+        assert signals_from_totals(t, 5) == w.signals("m")
+
+    def test_a_histogram_read_for_its_mean_alone(self) -> None:
+        """Fleet mode fetches only the sum and count of the histograms it takes means
+        of: a single +Inf bucket gives the same mean and count."""
+        w, t = self.totals()
+        q = t.histograms["queue_time"]
+        mean_only = Histogram(bounds=(math.inf,), cumulative=(q.count,), count=q.count, sum=q.sum)
+        got = signals_from_totals(
+            dataclasses.replace(t, histograms={**t.histograms, "queue_time": mean_only}), 5
+        )
+        assert got == w.signals("m")
+
+    def test_no_span_is_not_enough_data(self) -> None:
+        _, t = self.totals()
+        s = signals_from_totals(dataclasses.replace(t, span_seconds=0.0, snapshots=1), 5)
+        assert s.ttft_p99 is None and s.generation_tokens_per_second is None
+        assert s.missing["ttft_p99"].startswith("not enough data: one snapshot")
+
+    def test_measured_memory_activity_passes_through(self) -> None:
+        _, t = self.totals()
+        assert (
+            signals_from_totals(dataclasses.replace(t, dram_active_mean=0.7), 5).dram_active_mean
+            == 0.7
+        )

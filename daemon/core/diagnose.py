@@ -333,7 +333,7 @@ def _summary(cause: Cause, s: Signals, f: _Facts, rules: Rulebook) -> tuple[str,
         f"ITL p99 {_fmt(_value(s.itl_p99), ' s')} > SLO {slo.itl_p99_seconds:g} s: "
         f"{_fmt(s.decode_tokens_per_second_per_stream, ' tok/s', 3)} per stream"
     )
-    return _decode_split(head, f.roofline, rules)
+    return _decode_split(head, f.roofline, rules, s.dram_active_mean)
 
 
 #: What each roofline term is, in the summary.
@@ -345,11 +345,47 @@ _TERM_WORDS = {
 }
 
 
-def _decode_split(head: str, r: StepRoofline | None, rules: Rulebook) -> tuple[str, str]:
-    """Which limit a decode-bound server hit, from its step roofline
-    (``docs/physics.md``, "The decode roofline")."""
+@dataclass(frozen=True, slots=True)
+class _Dram:
+    """DCGM's measured memory activity against the roofline (``docs/physics.md``,
+    "Measured memory activity"): a card busy reading memory is at its limit whatever the
+    arithmetic estimates; ``agrees`` is False when the two tell different stories."""
+
+    active: float
+    busy: bool
+    agrees: bool | None  # None: no roofline to compare with
+
+
+def _dram(r: StepRoofline | None, active: float | None, th: Thresholds) -> _Dram | None:
+    if active is None:
+        return None
+    busy = active >= th.dram_active_busy
     if r is None:
-        return head + " (no hardware set: the decode step floor is unknown)", "unknown"
+        return _Dram(active, busy, None)
+    at_limit = th.near_ceiling_ratio <= r.ratio < th.roofline_impossible_ratio
+    # A compute-bound step at its floor leaves the memory quiet: no contradiction.
+    quiet = not busy and at_limit and r.bound_by == "compute"
+    return _Dram(active, busy, busy == at_limit or quiet)
+
+
+def _decode_split(
+    head: str, r: StepRoofline | None, rules: Rulebook, dram_active: float | None = None
+) -> tuple[str, str]:
+    """Which limit a decode-bound server hit, from its step roofline
+    (``docs/physics.md``, "The decode roofline") and, where DCGM measures it, the card's
+    memory activity: a busy memory interface is the hardware limit whatever the floor."""
+    th = rules.thresholds
+    dram = _dram(r, dram_active, th)
+    measured = "" if dram is None else f"; DCGM: memory busy {dram.active:.0%} of cycles"
+    if r is None:
+        if dram is not None and dram.busy:
+            return (
+                head
+                + measured
+                + ": at the hardware limit (measured; no floor: no hardware or model set)",
+                "hardware",
+            )
+        return head + " (no hardware set: the decode step floor is unknown)" + measured, "unknown"
     gb = [f"{r.weight_bytes / 1e9:.3g} GB weights"]
     if r.kv_bytes is not None:
         gb.append(f"{r.kv_bytes / 1e9:.3g} GB KV")
@@ -362,16 +398,35 @@ def _decode_split(head: str, r: StepRoofline | None, rules: Rulebook) -> tuple[s
     )
     if r.left_out:
         where += "; left out: " + ", ".join(item.partition(":")[0] for item in r.left_out)
-    th = rules.thresholds
+    where += measured
+    if dram is not None and dram.busy and r.ratio < th.near_ceiling_ratio:
+        return (
+            head + where + ": at the hardware limit by measurement, though the floor is only "
+            f"{r.ratio:.0%} of the step: the arithmetic misses reads (what it left out, or "
+            "settings that undercount the bytes)",
+            "hardware",
+        )
     if r.ratio >= th.roofline_impossible_ratio:
         check = ", ".join(roofline.suspect_settings(r)[:3])
+        if dram is not None and dram.busy:
+            return (
+                head + where + ": at the hardware limit by measurement; the floor is longer "
+                f"than the step, so the hardware or model settings are wrong (check {check})",
+                "hardware",
+            )
         return (
             head + where + ": faster than the hardware allows, so the hardware or model "
             f"settings are wrong (check {check})",
             "unknown",
         )
     if r.ratio >= th.near_ceiling_ratio:
-        return head + where + f": at the hardware limit, {_TERM_WORDS[r.dominant]}", "hardware"
+        verdict = f": at the hardware limit, {_TERM_WORDS[r.dominant]}"
+        if dram is not None and dram.agrees is False:
+            verdict += (
+                f"; but the memory was busy only {dram.active:.0%} of cycles: the measurement "
+                "and the arithmetic disagree (check the hardware and model settings)"
+            )
+        return head + where + verdict, "hardware"
     return (
         head + where + ": below it, the serving stack (per-step overhead, scheduling, "
         "prefill interference)",
@@ -564,6 +619,11 @@ def diagnose(s: Signals, rules: Rulebook, *, open_after: int = 1) -> Diagnosis:
     remediation = rules.remediation.get(cause, ())
     if limit is not None:
         evidence["decode_limit"] = limit
+        dram = _dram(f.roofline, s.dram_active_mean, th)
+        if dram is not None:
+            evidence["decode_dram_active_ratio"] = round(dram.active, 4)
+            if dram.agrees is not None:
+                evidence["decode_dram_agrees_with_roofline"] = dram.agrees
         if f.roofline is not None and limit == "unknown":
             evidence["decode_settings_suspect"] = ", ".join(roofline.suspect_settings(f.roofline))
         remediation = _decode_remediation(limit, f.roofline, rules, remediation)

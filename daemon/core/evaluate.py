@@ -1,7 +1,9 @@
-"""The core's single entry point: one target's snapshots in, diagnoses and transitions out.
+"""The core's entry points: one target's snapshots in, diagnoses and transitions out.
 
 ``run``, ``replay`` and the tests all drive the core through ``Evaluator.step``, so a
-recording replays exactly as it ran live.
+recording replays exactly as it ran live. Fleet mode, where Prometheus has already done
+the windowing, hands over the signals themselves (``Evaluator.judge``): the same
+diagnosis, incidents and restore rules, without the window.
 
 After a restart (``restore``) the incidents carry on but the window starts empty, and an
 empty or young window has too little data to breach anything: read as "clear", it would
@@ -13,6 +15,8 @@ the incident resolves after ``resolve_after`` clear evaluations as it always doe
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from daemon.core.diagnose import diagnose
@@ -52,6 +56,8 @@ class Evaluator:
         #: Models restored with an incident, until one window has passed since the restore.
         self._warming: set[str] = set()
         self._warm_from: float | None = None
+        #: The time of the last evaluation: a later one must be newer.
+        self._last_at: float | None = None
 
     def restore(self, records: tuple[TrackRecord, ...]) -> None:
         """Carry on from the incidents a previous run exported (see the module's note)."""
@@ -77,24 +83,52 @@ class Evaluator:
     def step(self, snapshot: Snapshot) -> Evaluation:
         if not self.window.push(snapshot):
             return Evaluation(at=snapshot.at, accepted=False, problems=snapshot.problems)
-        signals: dict[str, Signals] = {}
+        self._last_at = snapshot.at
+        signals = {model: self.window.signals(model) for model in self.window.models()}
+        return self._judge(snapshot.at, signals, {}, snapshot.problems)
+
+    def judge(
+        self,
+        at: float,
+        signals: Mapping[str, Signals],
+        rulebooks: Mapping[str, Rulebook] | None = None,
+        problems: tuple[str, ...] = (),
+    ) -> Evaluation:
+        """Signals windowed elsewhere (fleet mode: by Prometheus), judged as ``step``
+        judges the window's. ``rulebooks`` gives a model its own hardware and model facts
+        (default: this evaluator's rulebook). A time not after the last evaluation is
+        refused, as an out-of-order snapshot is."""
+        if self._last_at is not None and at <= self._last_at:
+            return Evaluation(at=at, accepted=False, problems=problems)
+        self._last_at = at
+        return self._judge(at, dict(signals), rulebooks or {}, problems)
+
+    def _judge(
+        self,
+        at: float,
+        signals: dict[str, Signals],
+        rulebooks: Mapping[str, Rulebook],
+        problems: tuple[str, ...],
+    ) -> Evaluation:
         diagnoses: dict[str, Diagnosis] = {}
         transitions: list[Transition] = []
-        for model in self.window.models():
-            s = self.window.signals(model)
-            d = diagnose(s, self.rulebook, open_after=self.incidents.open_after)
-            signals[model], diagnoses[model] = s, d
+        for model in sorted(signals):
+            rules = rulebooks.get(model, self.rulebook)
+            d = diagnose(signals[model], rules, open_after=self.incidents.open_after)
+            if rules.provenance:
+                d = dataclasses.replace(d, evidence=dict(d.evidence) | dict(rules.provenance))
+            diagnoses[model] = d
             # Two reasons to keep a verdict from the tracker: the diagnosis itself has
             # none (a frozen engine, not yet stalled), or it is a clear evaluation too
             # early after a restore to count towards resolving.
-            if not d.held and not self._warming_up(model, d, snapshot.at):
+            if not d.held and not self._warming_up(model, d, at):
                 transitions.extend(self.incidents.observe(d))
         self.incidents.forget_clear(set(diagnoses))
         return Evaluation(
-            at=snapshot.at,
+            at=at,
             accepted=True,
             signals=signals,
             diagnoses=diagnoses,
             transitions=transitions,
-            problems=snapshot.problems,
+            problems=problems,
         )

@@ -247,6 +247,54 @@ class Signals:
     #: Tokens one request gets per engine step: 1, or 1 + accepted / drafts under
     #: speculative decoding (each draft step emits its accepted tokens plus one).
     decode_tokens_per_step: float = 1.0
+    #: Share of cycles the card's memory interface was busy over the window (DCGM's
+    #: ``DCGM_FI_PROF_DRAM_ACTIVE``, mean over the server's GPUs); fleet mode only.
+    dram_active_mean: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GaugeStats:
+    """Mean, max and min of one gauge over a window; ``None`` when it was never exposed."""
+
+    mean: float | None = None
+    max: float | None = None
+    min: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WindowTotals:
+    """What one model did over a window, before it is read as ``Signals``.
+
+    The sidecar's ``Window`` sums it from its snapshots; fleet mode reads it from
+    Prometheus, which did the windowing (``daemon/fleet_signals.py``). Both become
+    ``Signals`` through ``window.signals_from_totals``, so the two agree by construction.
+
+    ``counters`` holds window increases and ``histograms`` window deltas, keyed by the
+    field names of ``ModelSeries``; a field that is absent was not exposed. A histogram
+    read for its mean only may carry a single +Inf bucket (its count). ``kv_usage.max``
+    is the fullest engine's; ``running`` and ``waiting`` are summed over engines.
+    """
+
+    model_name: str
+    at: float
+    span_seconds: float
+    snapshots: int
+    counters: Mapping[str, float] = field(default_factory=dict)
+    histograms: Mapping[str, Histogram] = field(default_factory=dict)
+    running: GaugeStats = GaugeStats()
+    waiting: GaugeStats = GaugeStats()
+    kv_usage: GaugeStats = GaugeStats()
+    running_busy_mean: float | None = None
+    kv_usage_busy_mean: float | None = None
+    engines: int = 1
+    kv_pool_tokens: int | None = None
+    #: Histogram fields whose bucket bounds changed inside the window.
+    layout_changed: frozenset[str] = frozenset()
+    dram_active_mean: float | None = None
+    #: The engine's progress (the sidecar's window watches it across snapshots); when
+    #: ``None``, ``progress_missing`` says why.
+    progress: Progress | None = None
+    progress_missing: str = "not exposed by this vLLM: no token, step or latency counter"
 
 
 Evidence = Mapping[str, float | int | str | bool | None]

@@ -36,6 +36,7 @@ class Thresholds:
     itl_spike_ratio: float
     near_ceiling_ratio: float
     roofline_impossible_ratio: float
+    dram_active_busy: float
     stall_after_seconds: float
 
 
@@ -97,6 +98,9 @@ class Rulebook:
 
     ``decode_remediation`` holds the decode-bound texts by what the roofline says binds
     (``weights``, ``kv``, ``draft``, ``compute``, ``serving_stack``, ``settings``).
+    ``provenance`` says where the hardware and model facts came from (fleet mode:
+    ``dcgm``, a rule, the model table, the settings); it is added to every diagnosis's
+    evidence as it is.
     """
 
     slo: Slo
@@ -105,3 +109,4 @@ class Rulebook:
     ceiling: Ceiling | None = None
     roofline: Roofline | None = None
     decode_remediation: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    provenance: Mapping[str, str] = field(default_factory=dict)

@@ -26,7 +26,16 @@ from daemon.core.histogram import (
     histogram_delta,
     observations,
 )
-from daemon.core.model import Histogram, ModelSeries, Progress, Quantile, Signals, Snapshot
+from daemon.core.model import (
+    GaugeStats,
+    Histogram,
+    ModelSeries,
+    Progress,
+    Quantile,
+    Signals,
+    Snapshot,
+    WindowTotals,
+)
 from daemon.core.names import COUNTER_FIELDS, HISTOGRAM_FIELDS
 
 #: The series vLLM writes only when its engine completes a step (docs/physics.md,
@@ -201,21 +210,12 @@ _MEANS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class _Gauge:
+def _gauge(values: list[float | None]) -> GaugeStats:
     """Mean, max and min of one gauge's samples in the window (None when never exposed)."""
-
-    mean: float | None = None
-    max: float | None = None
-    min: float | None = None
-
-    @classmethod
-    def of(cls, values: list[float | None], key: str, missing: dict[str, str]) -> _Gauge:
-        seen = [v for v in values if v is not None]
-        if not seen:
-            missing[key] = "not exposed by this vLLM"
-            return cls()
-        return cls(sum(seen) / len(seen), max(seen), min(seen))
+    seen = [v for v in values if v is not None]
+    if not seen:
+        return GaugeStats()
+    return GaugeStats(sum(seen) / len(seen), max(seen), min(seen))
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,19 +359,20 @@ class Window:
 
     def signals(self, model: str) -> Signals:
         """Signals for one model over the window; ``None`` fields say why in ``missing``."""
+        return signals_from_totals(self.totals(model), self.min_observations)
+
+    def totals(self, model: str) -> WindowTotals:
+        """What one model did over the window: counter increases, histogram deltas and
+        gauge statistics, not yet read as signals."""
         entries = list(self._entries)
         if not entries:
             raise ValueError("no snapshots in the window")
         newest = entries[-1][0]
         first = entries[0][0]
-        span = newest.at - first.at
-        missing: dict[str, str] = {}
 
         # Gauges: every snapshot in the window is a sample.
         series = [s.models[model] for s, _ in entries if model in s.models]
-        running = _Gauge.of([m.running for m in series], "running_mean", missing)
-        waiting = _Gauge.of([m.waiting for m in series], "waiting_mean", missing)
-        kv = _Gauge.of([m.kv_usage for m in series], "kv_usage_mean", missing)
+        kv = _gauge([m.kv_usage for m in series])
         kv_max = max((m.kv_usage_max for m in series if m.kv_usage_max is not None), default=None)
         busy = [m for m in series if m.running]
         busy_kv = [m.kv_usage for m in busy if m.kv_usage is not None]
@@ -382,111 +383,148 @@ class Window:
             newest.models.get(model),
             [steps.get(model) for _, steps in entries[1:]],
         )
-        rates: dict[str, float | None] = dict.fromkeys(_RATES.values())
-        ttft = itl = _Latency()
-        means: dict[str, float | None] = dict.fromkeys(_MEANS.values())
-        prefill_share: float | None = None
-        if span <= 0:
-            reason = "not enough data: one snapshot in the window, rates need two"
-            for name in (*_RATES.values(), "ttft_p99", "itl_p99"):
-                missing[name] = reason
-        else:
-            for name, key in _RATES.items():
-                if name in counters:
-                    rates[key] = counters[name] / span
-                else:
-                    missing[key] = "not exposed by this vLLM"
-            ttft = self._latency("ttft", hists.get("ttft"), (0.5, 0.9, 0.99), span, missing)
-            itl = self._latency("itl", hists.get("itl"), (0.5, 0.99), span, missing)
-            for name, key in _MEANS.items():
-                found = hists.get(name)
-                if found is None:
-                    missing[key] = "not exposed by this vLLM"
-                elif found.count > 0:
-                    means[key] = found.sum / found.count
-                else:
-                    missing[key] = "not enough data: no requests finished in the window"
-            pre, dec = hists.get("prefill_time"), hists.get("decode_time")
-            if pre is not None and dec is not None and pre.sum + dec.sum > 0:
-                prefill_share = pre.sum / (pre.sum + dec.sum)
-        for name in layout_changed:
-            missing[f"{name}_layout"] = "bucket bounds changed inside the window"
-        queued = hists.get("queue_time") if span > 0 else None
-        steps = _EngineSteps.of(counters, hists.get("iteration_tokens") if span > 0 else None)
         newest_series = newest.models.get(model)
+        span = newest.at - first.at
         progress = self._progress(
             model, newest, span / (len(entries) - 1) if len(entries) > 1 else None
         )
-        if progress is None:
-            missing["progress"] = "not exposed by this vLLM: no token, step or latency counter"
-
-        return Signals(
+        return WindowTotals(
             model_name=model,
             at=newest.at,
             span_seconds=span,
             snapshots=len(entries),
-            ttft_p50=ttft.quantiles.get(0.5),
-            ttft_p90=ttft.quantiles.get(0.9),
-            ttft_p99=ttft.quantiles.get(0.99),
-            ttft_mean=ttft.mean,
-            ttft_count=ttft.count,
-            itl_p50=itl.quantiles.get(0.5),
-            itl_p99=itl.quantiles.get(0.99),
-            itl_mean=itl.mean,
-            itl_count=itl.count,
-            queue_time_mean=means["queue_time_mean"],
-            queue_time_count=queued.count if queued is not None else 0.0,
-            prefill_time_mean=means["prefill_time_mean"],
-            decode_time_mean=means["decode_time_mean"],
-            prefill_time_share=prefill_share,
-            running_mean=running.mean,
-            running_max=running.max,
-            waiting_mean=waiting.mean,
-            waiting_max=waiting.max,
-            waiting_min=waiting.min,
-            kv_usage_mean=kv.mean,
-            kv_usage_max=kv_max if kv_max is not None else kv.max,
-            preemptions_per_second=rates["preemptions_per_second"],
-            prompt_tokens_per_second=rates["prompt_tokens_per_second"],
-            generation_tokens_per_second=rates["generation_tokens_per_second"],
-            mean_prompt_tokens=means["mean_prompt_tokens"],
-            mean_generation_tokens=means["mean_generation_tokens"],
-            # One ITL sample per request per engine step, and a step may emit several
-            # tokens under speculative decoding: the rate is tokens per step / step.
-            decode_tokens_per_second_per_stream=(
-                steps.tokens_per_step / itl.mean if itl.mean is not None and itl.mean > 0 else None
-            ),
-            kv_pool_tokens=newest.kv_pool.tokens if newest.kv_pool is not None else None,
-            progress=progress,
-            missing=missing,
-            engines=newest_series.engines if newest_series is not None else 1,
-            iteration_tokens=steps.histogram,
-            iteration_tokens_mean=steps.tokens_mean,
+            counters=counters,
+            histograms=hists,
+            running=_gauge([m.running for m in series]),
+            waiting=_gauge([m.waiting for m in series]),
+            kv_usage=GaugeStats(kv.mean, kv_max if kv_max is not None else kv.max, kv.min),
             running_busy_mean=(sum(m.running or 0.0 for m in busy) / len(busy) if busy else None),
             kv_usage_busy_mean=sum(busy_kv) / len(busy_kv) if busy_kv else None,
-            iteration_steps=steps.count,
-            spec_drafts=steps.drafts,
-            spec_draft_tokens=steps.draft_tokens,
-            spec_accepted_tokens=steps.accepted,
-            decode_tokens_per_step=steps.tokens_per_step,
+            engines=newest_series.engines if newest_series is not None else 1,
+            kv_pool_tokens=newest.kv_pool.tokens if newest.kv_pool is not None else None,
+            layout_changed=frozenset(layout_changed),
+            progress=progress,
         )
 
-    def _latency(
-        self,
-        name: str,
-        h: Histogram | None,
-        qs: tuple[float, ...],
-        span: float,
-        missing: dict[str, str],
-    ) -> _Latency:
-        if h is None:
-            missing[f"{name}_p99"] = "not exposed by this vLLM"
-            return _Latency()
-        n = observations(h)
-        mean = h.sum / h.count if h.count > 0 else None
-        if n < self.min_observations:
-            missing[f"{name}_p99"] = (
-                f"not enough data: {n:g} observations in {span:g} s (need {self.min_observations})"
-            )
-            return _Latency(count=n, mean=mean)
-        return _Latency(count=n, mean=mean, quantiles={q: bucket_quantile(q, h) for q in qs})
+
+def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
+    """A window's totals read as signals: rates over the span, means of deltas,
+    quantiles of bucket deltas (``None`` fields say why in ``missing``).
+
+    The one place both the sidecar's window and fleet mode's Prometheus totals become
+    ``Signals``.
+    """
+    span = t.span_seconds
+    missing: dict[str, str] = {}
+    for key, gauge in (
+        ("running_mean", t.running),
+        ("waiting_mean", t.waiting),
+        ("kv_usage_mean", t.kv_usage),
+    ):
+        if gauge.mean is None:
+            missing[key] = "not exposed by this vLLM"
+    counters, hists = t.counters, t.histograms
+    rates: dict[str, float | None] = dict.fromkeys(_RATES.values())
+    ttft = itl = _Latency()
+    means: dict[str, float | None] = dict.fromkeys(_MEANS.values())
+    prefill_share: float | None = None
+    if span <= 0:
+        reason = "not enough data: one snapshot in the window, rates need two"
+        for name in (*_RATES.values(), "ttft_p99", "itl_p99"):
+            missing[name] = reason
+    else:
+        for name, key in _RATES.items():
+            if name in counters:
+                rates[key] = counters[name] / span
+            else:
+                missing[key] = "not exposed by this vLLM"
+        ttft, why = _latency(hists.get("ttft"), (0.5, 0.9, 0.99), span, min_observations)
+        if why is not None:
+            missing["ttft_p99"] = why
+        itl, why = _latency(hists.get("itl"), (0.5, 0.99), span, min_observations)
+        if why is not None:
+            missing["itl_p99"] = why
+        for name, key in _MEANS.items():
+            found = hists.get(name)
+            if found is None:
+                missing[key] = "not exposed by this vLLM"
+            elif found.count > 0:
+                means[key] = found.sum / found.count
+            else:
+                missing[key] = "not enough data: no requests finished in the window"
+        pre, dec = hists.get("prefill_time"), hists.get("decode_time")
+        if pre is not None and dec is not None and pre.sum + dec.sum > 0:
+            prefill_share = pre.sum / (pre.sum + dec.sum)
+    for name in t.layout_changed:
+        missing[f"{name}_layout"] = "bucket bounds changed inside the window"
+    queued = hists.get("queue_time") if span > 0 else None
+    steps = _EngineSteps.of(dict(counters), hists.get("iteration_tokens") if span > 0 else None)
+    if t.progress is None:
+        missing["progress"] = t.progress_missing
+
+    return Signals(
+        model_name=t.model_name,
+        at=t.at,
+        span_seconds=span,
+        snapshots=t.snapshots,
+        ttft_p50=ttft.quantiles.get(0.5),
+        ttft_p90=ttft.quantiles.get(0.9),
+        ttft_p99=ttft.quantiles.get(0.99),
+        ttft_mean=ttft.mean,
+        ttft_count=ttft.count,
+        itl_p50=itl.quantiles.get(0.5),
+        itl_p99=itl.quantiles.get(0.99),
+        itl_mean=itl.mean,
+        itl_count=itl.count,
+        queue_time_mean=means["queue_time_mean"],
+        queue_time_count=queued.count if queued is not None else 0.0,
+        prefill_time_mean=means["prefill_time_mean"],
+        decode_time_mean=means["decode_time_mean"],
+        prefill_time_share=prefill_share,
+        running_mean=t.running.mean,
+        running_max=t.running.max,
+        waiting_mean=t.waiting.mean,
+        waiting_max=t.waiting.max,
+        waiting_min=t.waiting.min,
+        kv_usage_mean=t.kv_usage.mean,
+        kv_usage_max=t.kv_usage.max,
+        preemptions_per_second=rates["preemptions_per_second"],
+        prompt_tokens_per_second=rates["prompt_tokens_per_second"],
+        generation_tokens_per_second=rates["generation_tokens_per_second"],
+        mean_prompt_tokens=means["mean_prompt_tokens"],
+        mean_generation_tokens=means["mean_generation_tokens"],
+        # One ITL sample per request per engine step, and a step may emit several
+        # tokens under speculative decoding: the rate is tokens per step / step.
+        decode_tokens_per_second_per_stream=(
+            steps.tokens_per_step / itl.mean if itl.mean is not None and itl.mean > 0 else None
+        ),
+        kv_pool_tokens=t.kv_pool_tokens,
+        progress=t.progress,
+        missing=missing,
+        engines=t.engines,
+        iteration_tokens=steps.histogram,
+        iteration_tokens_mean=steps.tokens_mean,
+        running_busy_mean=t.running_busy_mean,
+        kv_usage_busy_mean=t.kv_usage_busy_mean,
+        iteration_steps=steps.count,
+        spec_drafts=steps.drafts,
+        spec_draft_tokens=steps.draft_tokens,
+        spec_accepted_tokens=steps.accepted,
+        decode_tokens_per_step=steps.tokens_per_step,
+        dram_active_mean=t.dram_active_mean,
+    )
+
+
+def _latency(
+    h: Histogram | None, qs: tuple[float, ...], span: float, min_observations: int
+) -> tuple[_Latency, str | None]:
+    """A latency histogram's observations, mean and quantiles, and why the quantiles are
+    missing (``None`` when they are not)."""
+    if h is None:
+        return _Latency(), "not exposed by this vLLM"
+    n = observations(h)
+    mean = h.sum / h.count if h.count > 0 else None
+    if n < min_observations:
+        why = f"not enough data: {n:g} observations in {span:g} s (need {min_observations})"
+        return _Latency(count=n, mean=mean), why
+    return _Latency(count=n, mean=mean, quantiles={q: bucket_quantile(q, h) for q in qs}), None

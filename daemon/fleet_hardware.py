@@ -1,0 +1,184 @@
+"""Each fleet server's card and model, without typing each server in, and where each
+fact came from (the diagnosis's evidence says it: ``gpu_source``,
+``tensor_parallel_source``, ``model_source``).
+
+In order, key by key:
+
+1. the first ``prometheus.servers`` rule whose ``match`` the server's labels meet: the
+   hardware and model keys it gives;
+2. DCGM (``prometheus.dcgm``): the card its GPUs report (``modelName``, looked up in
+   ``rules/gpus.yaml``, which lists DCGM's spellings as aliases) and how many GPUs the
+   pod holds, as the tensor-parallel size;
+3. ``prometheus.models``: the model by vLLM's ``model_name``;
+4. the top-level ``hardware`` and ``model``.
+
+A card's name, bandwidth and compute figure come from one source together: a
+bandwidth set at the top level says nothing about a card DCGM found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from daemon.assemble import build_rulebook, settings_model_size
+from daemon.ceiling.gpus import find_gpu
+from daemon.core.rulebook import Rulebook
+from daemon.errors import ConfigError
+from daemon.matchers import Matcher, matches_all, parse_matchers
+from daemon.settings import HardwareSettings, ModelSettings, Settings
+
+log = structlog.get_logger("vllm_triage.fleet")
+
+_CARD_KEYS = frozenset({"gpu", "memory_bandwidth_gb_s"})
+#: A rule: its number (from 1, as the evidence says it), matchers, hardware, model.
+_Rule = tuple[int, tuple[Matcher, ...], HardwareSettings | None, ModelSettings | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    """What DCGM says about a server's pod: its cards (``modelName`` -> GPUs)."""
+
+    gpus: Mapping[str, int]
+
+    @property
+    def name(self) -> str:
+        """The card most of the pod's GPUs are (a pod has one kind in practice)."""
+        return max(sorted(self.gpus), key=lambda n: self.gpus[n])
+
+    @property
+    def count(self) -> int:
+        return sum(self.gpus.values())
+
+
+class HardwareResolver:
+    """Resolves a server's ``Rulebook`` from its labels, its model and DCGM's card;
+    rulebooks are cached, so a fleet of one kind of server builds one."""
+
+    def __init__(self, settings: Settings) -> None:
+        assert settings.prometheus is not None
+        self._settings = settings
+        self._rules: list[_Rule] = [
+            (i, parse_matchers(r.match), r.hardware, r.model)
+            for i, r in enumerate(settings.prometheus.servers, start=1)
+        ]
+        self._table = settings.prometheus.models
+        self._built: dict[tuple[HardwareSettings, ModelSettings], Rulebook] = {}
+        self._cache: dict[tuple[object, ...], Rulebook] = {}
+        self._unknown: set[str] = set()
+        self._check()
+
+    def _check(self) -> None:
+        """Build every rule's and table entry's model once: a wrong file or GPU name
+        fails at start, naming the entry, not on the first server that uses it."""
+        for i, _, hw, model in self._rules:
+            try:
+                if hw is not None and hw.gpu is not None:
+                    find_gpu(hw.gpu)
+                if model is not None:
+                    settings_model_size(self._settings.model_copy(update={"model": model}))
+            except ConfigError as exc:
+                raise ConfigError(f"prometheus.servers[{i - 1}]: {exc}") from None
+        for name, model in self._table.items():
+            try:
+                settings_model_size(self._settings.model_copy(update={"model": model}))
+            except ConfigError as exc:
+                raise ConfigError(f"prometheus.models[{name!r}]: {exc}") from None
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The labels the rules read: the fleet queries fetch them per server."""
+        return tuple(dict.fromkeys(m.label for _, ms, _, _ in self._rules for m in ms))
+
+    def resolve(self, labels: Mapping[str, str], model_name: str, card: Card | None) -> Rulebook:
+        seen = dict(labels) | {"model_name": model_name}
+        rule = next(((i, hw, m) for i, ms, hw, m in self._rules if matches_all(ms, seen)), None)
+        hw, hw_from = self._hardware(rule, card)
+        model, model_from = self._model(rule, model_name)
+        key = (hw, model, tuple(sorted(hw_from.items())), model_from)
+        found = self._cache.get(key)
+        if found is None:
+            base = self._rulebook(hw, model)
+            provenance = hw_from | {"model_source": model_from}
+            found = self._cache[key] = dataclasses.replace(base, provenance=provenance)
+        return found
+
+    def _rulebook(self, hw: HardwareSettings, model: ModelSettings) -> Rulebook:
+        built = self._built.get((hw, model))
+        if built is None:
+            own = self._settings.model_copy(update={"hardware": hw, "model": model})
+            built = self._built[(hw, model)] = build_rulebook(own)
+        return built
+
+    def _hardware(
+        self,
+        rule: tuple[int, HardwareSettings | None, ModelSettings | None] | None,
+        card: Card | None,
+    ) -> tuple[HardwareSettings, dict[str, str]]:
+        top = self._settings.hardware
+        given: HardwareSettings | None = rule[1] if rule is not None else None
+        said = given.model_fields_set if given is not None else frozenset()
+        where = f"rule {rule[0]}" if rule is not None else ""
+        found_card = self._card(card)
+        gpu, bandwidth, compute = top.gpu, top.memory_bandwidth_gb_s, top.compute_tflops
+        if given is not None and said & _CARD_KEYS:
+            gpu, bandwidth, compute = given.gpu, given.memory_bandwidth_gb_s, given.compute_tflops
+            gpu_from = where
+        elif found_card is not None and card is not None:
+            gpu, bandwidth, compute = found_card, None, None
+            gpu_from = f"dcgm ({card.name})"
+        else:
+            gpu_from = "settings" if gpu is not None or bandwidth is not None else "none"
+            if card is not None and card.name and found_card is None:
+                gpu_from += f" (dcgm's {card.name!r} is not in rules/gpus.yaml)"
+        if given is not None and "compute_tflops" in said:
+            compute = given.compute_tflops
+        if given is not None and "tensor_parallel_size" in said:
+            tp, tp_from = given.tensor_parallel_size, where
+        elif card is not None:
+            gpus = f"{card.count} GPU" + ("s" if card.count != 1 else "")
+            tp, tp_from = card.count, f"dcgm ({gpus} in the pod)"
+        else:
+            tp, tp_from = top.tensor_parallel_size, "settings"
+        fraction = top.achievable_fraction
+        if given is not None and "achievable_fraction" in said:
+            fraction = given.achievable_fraction
+        hw = HardwareSettings(
+            gpu=gpu,
+            memory_bandwidth_gb_s=bandwidth,
+            tensor_parallel_size=tp,
+            achievable_fraction=fraction,
+            compute_tflops=compute,
+        )
+        return hw, {"gpu_source": gpu_from, "tensor_parallel_source": tp_from}
+
+    def _card(self, card: Card | None) -> str | None:
+        """The table's name for DCGM's card, or ``None`` (logged once per unknown name)."""
+        if card is None or not card.name:
+            return None
+        try:
+            return find_gpu(card.name).name
+        except ConfigError:
+            if card.name not in self._unknown:
+                self._unknown.add(card.name)
+                log.warning(
+                    "dcgm_card_unknown",
+                    card=card.name,
+                    hint="add it as an alias in rules/gpus.yaml, or give a prometheus.servers rule",
+                )
+            return None
+
+    def _model(
+        self,
+        rule: tuple[int, HardwareSettings | None, ModelSettings | None] | None,
+        model_name: str,
+    ) -> tuple[ModelSettings, str]:
+        if rule is not None and rule[2] is not None:
+            return rule[2], f"rule {rule[0]}"
+        table = self._table.get(model_name)
+        if table is not None:
+            return table, "model table"
+        return self._settings.model, "settings"

@@ -1,0 +1,222 @@
+"""The PromQL fleet mode sends each tick: instant queries in which Prometheus does the
+windowing, one per signal, each answering for every server (its identity labels) and
+``model_name`` at once. What they ask:
+
+- the latency histograms' bucket increases over the window (``ttft``, ``itl``,
+  ``iteration_tokens``), ``le`` kept: the quantiles are computed here from the bucket
+  deltas (``daemon/core/histogram.py``), as the sidecar does, so they say where in the
+  buckets they fell;
+- every histogram's ``_sum`` and ``_count`` increases (means, observation counts) and the
+  counters' increases (rates, speculative decoding);
+- the gauges' mean, max and min over the window, their means over the moments requests
+  were running (a subquery at the evaluation step), the samples and the engines;
+- ``cache_config_info``'s pool size; and, with DCGM, each pod's card, GPU count and
+  memory activity.
+
+Every vLLM naming era can be asked for: a field's names (the current one, the V0 one,
+Ray Serve's prefix) are joined with ``or on (<server>, model_name)``, so a server that
+exposes several gets the first, as the parser's "the newest naming wins". Each tick
+first asks which names the fleet exposes at all (the label values API, from the index
+alone), and only those go into the queries: a fleet on one vLLM version gets plain
+queries, without alternatives (``or`` costs Prometheus a fifth of a query's time).
+
+One query per signal rather than a union of tagged rows: tagging each row with
+``label_replace`` cost Prometheus as much again as the query itself (bench/bench_fleet.py).
+
+To add a signal (a gauge, a progress age), add one row to ``GAUGES`` (its key and its
+PromQL from the server's instant vector) and read its key in ``fleet_signals.totals``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from daemon.core.names import COUNTER_FIELDS, HISTOGRAM_FIELDS, PREFIXES, SAMPLES
+
+#: Histograms whose buckets are read (for quantiles and the roofline's step mix); the
+#: others only need their sum and count.
+BUCKET_FIELDS = ("ttft", "itl", "iteration_tokens")
+#: Counters the signals read (``requests_finished`` is not one of them).
+COUNTERS = tuple(c for c in COUNTER_FIELDS if c != "requests_finished")
+DCGM_MODEL = "modelName"
+DCGM_UUID = "UUID"
+POOL_LABELS = ("engine", "block_size", "num_gpu_blocks")
+#: Every name the queries may read, as one regular expression (for the names call).
+NAMES_REGEX = "|".join(re.escape(name) for name in sorted(SAMPLES))
+
+_RANK = {"new": 0, "both": 1, "old": 2}
+
+
+def names(field: str, kind: str) -> list[str]:
+    """Every exposed name of one field and kind, in the parser's order of preference:
+    ``vllm:`` before ``ray_vllm:``, the current naming before the old."""
+    found = [
+        (PREFIXES.index(prefix), _RANK[spec.generation], name)
+        for name, (prefix, spec) in SAMPLES.items()
+        if spec.field == field and spec.kind == kind
+    ]
+    return [name for *_, name in sorted(found)]
+
+
+def duration(seconds: float) -> str:
+    """A PromQL duration; milliseconds, because Prometheus 2 takes no decimal seconds."""
+    return f"{round(seconds * 1000)}ms"
+
+
+def inner(selector: str) -> str:
+    """``{a="x"}`` -> ``a="x"``: the matchers, to put beside a metric name."""
+    return selector.strip().removeprefix("{").removesuffix("}").strip()
+
+
+def _selector(name: str, matchers: str) -> str:
+    return f"{name}{{{matchers}}}" if matchers else name
+
+
+@dataclass(frozen=True, slots=True)
+class FleetQuery:
+    """One instant query of a tick: ``key`` names what each of its rows is."""
+
+    key: str
+    promql: str
+
+
+#: (key, the gauge's field, PromQL from the server-and-model instant vector ``v``, the
+#: window ``w`` and the step ``r``). ``v`` is summed over a server's data-parallel
+#: engines (running, waiting) or averaged (KV usage), as the parser merges them.
+GaugeRow = tuple[str, str, Callable[[str, str, str], str]]
+GAUGES: tuple[GaugeRow, ...] = (
+    ("running_max", "running", lambda v, w, r: f"max_over_time(({v})[{w}:{r}])"),
+    ("waiting_max", "waiting", lambda v, w, r: f"max_over_time(({v})[{w}:{r}])"),
+    ("waiting_min", "waiting", lambda v, w, r: f"min_over_time(({v})[{w}:{r}])"),
+    ("running_busy_mean", "running", lambda v, w, r: f"avg_over_time((({v}) > 0)[{w}:{r}])"),
+)
+#: (key, field, aggregation over engines, function over the window's raw samples).
+OVER_TIME = (
+    ("running_mean", "running", "sum", "avg_over_time"),
+    ("waiting_mean", "waiting", "sum", "avg_over_time"),
+    ("kv_usage_mean", "kv_usage", "avg", "avg_over_time"),
+    ("kv_usage_max", "kv_usage", "max", "max_over_time"),
+    ("snapshots", "running", "max", "count_over_time"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class QueryPlan:
+    """The queries of one fleet: its selector, server identity, window and step."""
+
+    selector: str
+    identity: tuple[str, ...]
+    window_seconds: float
+    step_seconds: float
+    #: Labels read per server besides the identity (the DCGM join, the rules' labels).
+    server_labels: tuple[str, ...] = ()
+    dcgm_selector: str | None = None
+    dcgm_join: tuple[str, ...] = ()
+    dcgm_gpu_metric: str = "DCGM_FI_DEV_FB_USED"
+    dcgm_dram_metric: str = "DCGM_FI_PROF_DRAM_ACTIVE"
+
+    @property
+    def by(self) -> str:
+        return ", ".join(dict.fromkeys((*self.identity, "model_name")))
+
+    def queries(self, present: frozenset[str] | None = None) -> list[FleetQuery]:
+        """Every query of a tick. ``present``: the names the fleet exposes (``None``:
+        not known, so every naming is asked for); a field none of whose names is
+        present is not asked for at all."""
+        return _Builder(self, present).queries()
+
+
+class _Builder:
+    def __init__(self, plan: QueryPlan, present: frozenset[str] | None) -> None:
+        self.plan = plan
+        self.present = present
+        self.matchers = inner(plan.selector)
+        self.by = plan.by
+        self.w = duration(plan.window_seconds)
+        self.r = duration(plan.step_seconds)
+
+    def _names(self, field: str, kind: str) -> list[str]:
+        return [n for n in names(field, kind) if self.present is None or n in self.present]
+
+    def _each(self, field: str, kind: str, template: str, on: str | None = None) -> str | None:
+        """``template`` (``{s}``: a selector) over a field's names, the first winning per
+        server and model; ``None`` when the fleet exposes none of them."""
+        exprs = [template.format(s=_selector(n, self.matchers)) for n in self._names(field, kind)]
+        if not exprs:
+            return None
+        if len(exprs) == 1:
+            return exprs[0]
+        return f" or on ({on or self.by}) ".join(f"({e})" for e in exprs)
+
+    def queries(self) -> list[FleetQuery]:
+        out: list[FleetQuery | None] = []
+        by, w = self.by, self.w
+        for field in BUCKET_FIELDS:
+            expr = self._each(field, "bucket", f"sum by ({by}, le) (increase({{s}}[{w}]))")
+            out.append(self._query(f"{field}_bucket", expr))
+        for field in HISTOGRAM_FIELDS:
+            for part in ("sum", "count"):
+                expr = self._each(field, part, f"sum by ({by}) (increase({{s}}[{w}]))")
+                out.append(self._query(f"{field}_{part}", expr))
+        for field in COUNTERS:
+            expr = self._each(field, "counter", f"sum by ({by}) (increase({{s}}[{w}]))")
+            out.append(self._query(field, expr))
+        out += self._gauges()
+        out.append(self._pool())
+        out += self._dcgm()
+        return [q for q in out if q is not None]
+
+    @staticmethod
+    def _query(key: str, expr: str | None) -> FleetQuery | None:
+        return None if expr is None else FleetQuery(key, expr)
+
+    def _gauges(self) -> list[FleetQuery | None]:
+        by, w, r = self.by, self.w, self.r
+        out = [
+            self._query(key, self._each(field, "gauge", f"{agg} by ({by}) ({fn}({{s}}[{w}]))"))
+            for key, field, agg, fn in OVER_TIME
+        ]
+        running = self._each("running", "gauge", f"sum by ({by}) ({{s}})")
+        for key, field, expr in GAUGES:
+            v = self._each(field, "gauge", f"sum by ({by}) ({{s}})")
+            out.append(self._query(key, None if v is None else expr(v, w, r)))
+        kv = self._each("kv_usage", "gauge", f"avg by ({by}) ({{s}})")
+        if kv is not None and running is not None:
+            busy = f"avg_over_time((({kv}) and on ({by}) (({running}) > 0))[{w}:{r}])"
+            out.append(FleetQuery("kv_usage_busy_mean", busy))
+        # Engines, and the labels the hardware rules and the DCGM join read.
+        labels = ", ".join(
+            dict.fromkeys((*self.plan.identity, "model_name", *self.plan.server_labels))
+        )
+        engines = self._each(
+            "running", "gauge", f"count by ({labels}) (last_over_time({{s}}[{w}]))"
+        )
+        out.append(self._query("engines", engines))
+        return out
+
+    def _pool(self) -> FleetQuery | None:
+        """``cache_config_info``: each engine's KV pool, per server (labels, not values)."""
+        ident = ", ".join(self.plan.identity)
+        by = ", ".join(dict.fromkeys((*self.plan.identity, *POOL_LABELS)))
+        expr = self._each(
+            "kv_pool", "info", f"count by ({by}) (last_over_time({{s}}[{self.w}]))", on=ident
+        )
+        return self._query("pool", expr)
+
+    def _dcgm(self) -> Sequence[FleetQuery]:
+        """Per pod (the DCGM side of the join): its cards and GPUs, its memory activity."""
+        plan = self.plan
+        if plan.dcgm_selector is None:
+            return ()
+        matchers = inner(plan.dcgm_selector)
+        join = ", ".join(plan.dcgm_join)
+        gpus = _selector(plan.dcgm_gpu_metric, matchers)
+        dram = _selector(plan.dcgm_dram_metric, matchers)
+        cards = (
+            f"count by ({join}, {DCGM_MODEL}) "
+            f"(group by ({join}, {DCGM_MODEL}, {DCGM_UUID}) (last_over_time({gpus}[{self.w}])))"
+        )
+        activity = f"avg by ({join}) (avg_over_time({dram}[{self.w}]))"
+        return (FleetQuery("dcgm_gpus", cards), FleetQuery("dcgm_dram", activity))

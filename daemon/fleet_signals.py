@@ -1,0 +1,221 @@
+"""Fleet mode's answers (``daemon/fleet_queries.py``) read back per server and model, as
+the core's ``WindowTotals``: window increases, bucket deltas and gauge statistics, the
+same totals a sidecar's window sums from its scrapes. ``window.signals_from_totals``
+then reads them as signals, so both paths compute quantiles, means, rates and the
+"not enough data" cases in one place.
+
+Prometheus' ``increase`` extrapolates to the window's edges, so counts and rates can be
+up to one scrape interval's share of the window above a sidecar's (which divides by the
+span its scrapes cover); quantiles and means are ratios of increases of series scraped
+together, and agree.
+
+A row that cannot be used (a value that is not a number, a histogram without its +Inf
+bucket or its sum) is left out and said in the server's ``problems``, as the parser
+does with a scrape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from daemon.core.model import GaugeStats, Histogram, WindowTotals
+from daemon.core.names import HISTOGRAM_FIELDS
+from daemon.fleet_queries import BUCKET_FIELDS, COUNTERS, DCGM_MODEL, POOL_LABELS
+
+Row = Mapping[str, Any]
+
+
+@dataclass(slots=True)
+class _Model:
+    """What the answers said about one model of one server."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    buckets: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    engines: int = 0
+
+
+@dataclass(slots=True)
+class Server:
+    """One server's rows: its labels (identity, join and rule labels), its models, its
+    KV pool (per engine: block size, blocks) and what could not be used."""
+
+    name: str
+    labels: dict[str, str]
+    models: dict[str, _Model] = field(default_factory=dict)
+    pool: dict[str, tuple[int, int]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def pool_tokens(self) -> int | None:
+        """The KV pool in tokens, all engines together (``None``: not known); call once."""
+        if not self.pool:
+            return None
+        sizes = {block for block, _ in self.pool.values()}
+        blocks = sum(n for _, n in self.pool.values())
+        if len(sizes) != 1 or blocks <= 0:
+            self.problems.append("cache_config_info: engines disagree on block_size")
+            return None
+        return sizes.pop() * blocks
+
+
+@dataclass(slots=True)
+class Fleet:
+    """Every server the answers name, keyed by target name (``name_of`` its labels)."""
+
+    identity: tuple[str, ...]
+    name_of: Callable[[Mapping[str, str]], str]
+    servers: dict[str, Server] = field(default_factory=dict)
+    dcgm_gpus: dict[tuple[str, ...], dict[str, int]] = field(default_factory=dict)
+    dcgm_dram: dict[tuple[str, ...], float] = field(default_factory=dict)
+    #: Rows read, and rows without a label set (not an instant query's shape).
+    rows: int = 0
+    unusable: int = 0
+    #: Servers by the values of their identity labels (each name is built once).
+    by_ident: dict[tuple[str | None, ...], Server] = field(default_factory=dict, repr=False)
+
+    def _server(self, labels: Mapping[str, str]) -> Server:
+        ident = tuple(map(labels.get, self.identity))  # None for a missing label
+        server = self.by_ident.get(ident)
+        if server is None:
+            name = self.name_of(labels)
+            server = self.servers.get(name)
+            if server is None:
+                own = {k: labels.get(k, "") for k in self.identity}
+                server = self.servers[name] = Server(name, own)
+            self.by_ident[ident] = server
+        return server
+
+    def read(self, key: str, rows: Iterable[Row], dcgm_join: tuple[str, ...] = ()) -> None:
+        """Take in the rows (``data.result``) of the instant query for ``key``.
+
+        The hot loop of a tick (rows = servers x signals): the kind of row is decided
+        once per query, not per row."""
+        bucket = key.removesuffix("_bucket") if key.endswith("_bucket") else None
+        for row in rows:
+            self.rows += 1
+            metric = row.get("metric") if isinstance(row, dict) else None
+            if not isinstance(metric, dict):
+                self.unusable += 1
+                continue
+            try:
+                value: float | None = float(row["value"][1])
+            except (KeyError, IndexError, TypeError, ValueError):
+                value = None
+            if value is not None and not math.isfinite(value):
+                value = None
+            if key.startswith("dcgm_"):
+                self._dcgm(key, metric, value, dcgm_join)
+                continue
+            server = self._server(metric)
+            if value is None:
+                server.problems.append(f"{key}: not a finite number ({row.get('value')!r})")
+                continue
+            if key == "pool":
+                self._pool(server, metric)
+                continue
+            name = metric.get("model_name", "")
+            model = server.models.get(name)
+            if model is None:
+                model = server.models[name] = _Model()
+            if bucket is not None:
+                try:
+                    le = float(metric["le"])
+                except (KeyError, ValueError):
+                    server.problems.append(f"{key}: a bucket without a numeric le; left out")
+                    continue
+                found = model.buckets.get(bucket)
+                if found is None:
+                    found = model.buckets[bucket] = []
+                found.append((le, value))
+            elif key == "engines":
+                model.engines += int(value)
+                for k, v in metric.items():
+                    if k != "model_name":
+                        server.labels.setdefault(k, v)
+            else:
+                model.values[key] = value
+
+    def _pool(self, server: Server, metric: Mapping[str, str]) -> None:
+        engine, block, blocks = (metric.get(k, "") for k in POOL_LABELS)
+        # vLLM says "None" before it has profiled the pool: not known yet, not a fault.
+        with contextlib.suppress(ValueError):
+            server.pool[engine] = (int(block), int(blocks))
+
+    def _dcgm(
+        self, key: str, metric: Mapping[str, str], value: float | None, join: tuple[str, ...]
+    ) -> None:
+        pod = tuple(metric.get(k, "") for k in join)
+        if value is None or not any(pod):
+            return  # a GPU no pod uses, or a broken value: nothing to join
+        if key == "dcgm_gpus":
+            cards = self.dcgm_gpus.setdefault(pod, {})
+            card = metric.get(DCGM_MODEL, "")
+            cards[card] = cards.get(card, 0) + int(value)
+        elif key == "dcgm_dram":
+            self.dcgm_dram[pod] = value
+
+
+def _histogram(name: str, m: _Model, problems: list[str], *, buckets: bool) -> Histogram | None:
+    total, count = m.values.get(f"{name}_sum"), m.values.get(f"{name}_count")
+    if not buckets:
+        if total is None or count is None:
+            return None
+        return Histogram(bounds=(math.inf,), cumulative=(count,), count=count, sum=total)
+    rows = m.buckets.get(name)
+    if rows is None:
+        return None
+    rows.sort()
+    if not math.isinf(rows[-1][0]):
+        problems.append(f"{name}: no +Inf bucket; left out")
+        return None
+    if total is None or count is None:
+        problems.append(f"{name}: no _sum or _count; left out")
+        return None
+    return Histogram(
+        bounds=tuple(b for b, _ in rows),
+        cumulative=tuple(c for _, c in rows),
+        count=count,
+        sum=total,
+    )
+
+
+def totals(
+    server: Server,
+    model_name: str,
+    at: float,
+    window_seconds: float,
+    *,
+    pool_tokens: int | None = None,
+    dram_active: float | None = None,
+) -> WindowTotals:
+    """One model's window as the core's ``WindowTotals``."""
+    m = server.models[model_name]
+    v = m.values
+    snapshots = int(v.get("snapshots", 0))
+    hists: dict[str, Histogram] = {}
+    for name in HISTOGRAM_FIELDS:
+        h = _histogram(name, m, server.problems, buckets=name in BUCKET_FIELDS)
+        if h is not None:
+            hists[name] = h
+    return WindowTotals(
+        model_name=model_name,
+        at=at,
+        # Prometheus' increase covers the whole window once there are two samples in it.
+        span_seconds=window_seconds if snapshots >= 2 else 0.0,
+        snapshots=snapshots,
+        counters={c: v[c] for c in COUNTERS if c in v},
+        histograms=hists,
+        running=GaugeStats(v.get("running_mean"), v.get("running_max"), None),
+        waiting=GaugeStats(v.get("waiting_mean"), v.get("waiting_max"), v.get("waiting_min")),
+        kv_usage=GaugeStats(v.get("kv_usage_mean"), v.get("kv_usage_max"), None),
+        running_busy_mean=v.get("running_busy_mean"),
+        kv_usage_busy_mean=v.get("kv_usage_busy_mean"),
+        engines=max(1, m.engines),
+        kv_pool_tokens=pool_tokens,
+        dram_active_mean=dram_active,
+        # The stall test needs progress across ticks, which the queries do not ask yet.
+        progress_missing="not measured in fleet mode (no progress query yet)",
+    )
