@@ -15,6 +15,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from daemon.core.names import SAMPLES
 
+# The suite is hermetic: a VLLM_TRIAGE_* variable in the caller's shell would change the
+# settings every test builds (and an unknown one makes load_settings refuse to start), so
+# none reaches the tests. Tests that exercise the environment set it themselves.
+for _name in [n for n in os.environ if n.upper().startswith("VLLM_TRIAGE_")]:
+    del os.environ[_name]
+
 FIXTURES = Path(__file__).parent / "fixtures"
 VLLM_FIXTURES = sorted((FIXTURES / "vllm").glob("*.txt"))
 

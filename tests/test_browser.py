@@ -3,7 +3,8 @@ through its chromedriver (tests/browser.py). Each page must draw with no script 
 (its own error list and the console's, which also reports any blocked fetch or refused
 script), show every panel as a uPlot chart, shade each incident in every panel, put a
 marker at each transition, and say the transition's summary on hover. Screenshots go to
-$VLLM_TRIAGE_SCREENSHOTS (default: pytest's temporary folder).
+$TRIAGE_TEST_SCREENSHOTS (default: pytest's temporary folder); not a VLLM_TRIAGE_* name,
+because the daemon refuses variables in its own namespace that no setting reads.
 
 Run with ``pytest -m browser`` (CI does), after ``apt-get install chromium chromium-driver``.
 """
@@ -65,7 +66,7 @@ def browser() -> Iterator[Chrome]:
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = os.environ.get("VLLM_TRIAGE_SCREENSHOTS")
+    folder = os.environ.get("TRIAGE_TEST_SCREENSHOTS")
     path = Path(folder) if folder else tmp_path_factory.mktemp("screenshots")
     path.mkdir(parents=True, exist_ok=True)
     return path
