@@ -85,6 +85,8 @@ def target_json(t: TargetState) -> dict[str, Any]:
                 "diagnosis": incident.cause if incident else "healthy",
                 "incident_state": str(view.states.get(model, "clear")),
                 "incident_started_at": iso(incident.started_at) if incident else None,
+                # The alert identity: the cause the incident opened with (labels stay put).
+                "incident_opened_as": (incident.opened_as or incident.cause) if incident else None,
                 "current_cause": d.cause,
                 **diagnosis_dict(d),
                 "signals": {

@@ -158,6 +158,8 @@ def build_evaluator(settings: Settings, rulebook: Rulebook | None = None) -> Eva
         window_seconds=settings.window_seconds,
         open_after=settings.incident.open_after,
         resolve_after=settings.incident.resolve_after,
+        change_cause_after=settings.incident.change_cause_after,
+        reopen_within=settings.incident.reopen_within,
     )
 
 

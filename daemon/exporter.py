@@ -339,6 +339,17 @@ class TriageCollector(Collector):
             "Incidents that started firing, by cause.",
             labels=(*MODEL, "diagnosis"),
         )
+        changes = CounterMetricFamily(
+            P + "incident_cause_changes",
+            "Changes of cause inside an open incident, by the cause it changed to.",
+            labels=(*MODEL, "diagnosis"),
+        )
+        contributing = GaugeMetricFamily(
+            P + "contributing",
+            "Each other cause whose symptoms are present beside the primary one: its share "
+            "of the evidence (0 when not contributing).",
+            labels=(*MODEL, "diagnosis"),
+        )
         for t in targets:
             if t.view is not None:
                 active = {a.model_name: a.cause for a in t.view.active}
@@ -349,9 +360,14 @@ class TriageCollector(Collector):
                         state.add_metric((t.name, shown, name), 1.0 if name == current else 0.0)
                     for name in BREACHES:
                         breach.add_metric((t.name, shown, name), 1.0 if name in d.breaches else 0.0)
+                    shares = {c.cause: c.share for c in d.contributing}
+                    for name in CAUSES:
+                        contributing.add_metric((t.name, shown, name), shares.get(name, 0.0))
             for (model, cause), n in sorted(t.incidents_opened.items()):
                 opened.add_metric((t.name, label_value(model), cause), n)
-        yield from (state, breach, opened)
+            for (model, cause), n in sorted(t.cause_changes.items()):
+                changes.add_metric((t.name, label_value(model), cause), n)
+        yield from (state, breach, opened, changes, contributing)
 
     def _probes(self, targets: list[TargetState]) -> Iterator[Metric]:
         """Only targets with a probe enabled appear here."""

@@ -184,7 +184,11 @@ class _Builder:
             out.append(self._query(key, None if v is None else expr(v, w, r)))
         kv = self._each("kv_usage", "gauge", f"avg by ({by}) ({{s}})")
         if kv is not None and running is not None:
-            busy = f"avg_over_time((({kv}) and on ({by}) (({running}) > 0))[{w}:{r}])"
+            # Weighted by the requests running, as the sidecar's window weighs it.
+            busy = (
+                f"sum_over_time((({kv}) * on ({by}) ({running}))[{w}:{r}])"
+                f" / (sum_over_time(({running})[{w}:{r}]) > 0)"
+            )
             out.append(FleetQuery("kv_usage_busy_mean", busy))
         # Engines, and the labels the hardware rules and the DCGM join read.
         labels = ", ".join(

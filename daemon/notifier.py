@@ -126,10 +126,11 @@ class Notifier:
             self._pop_active(alert)
         for d in self.deliveries:
             key = (d.name, alert.key)
-            if needs_update(self.log.get(key), alert.status, now, d.receiver.policy):
+            cause = alert.annotations.get("cause", "")
+            if needs_update(self.log.get(key), alert.status, now, d.receiver.policy, cause):
                 self._send(d, [alert], now)
                 if alert.status == "firing":
-                    self._told(key, LastSent("firing", now))
+                    self._told(key, LastSent("firing", now, cause))
             if alert.status == "resolved" and key in self.log:
                 # Forgotten whether or not this receiver heard the resolve: the next
                 # firing of the same identity is a first notification again.
@@ -157,7 +158,7 @@ class Notifier:
                 last = self.log.get((d.name, key))
                 if needs_update(last, "firing", now, policy) is NotifyReason.REPEAT:
                     self._send(d, [alert], now)
-                    self._told((d.name, key), LastSent("firing", now))
+                    self._told((d.name, key), LastSent("firing", now, last.cause if last else ""))
 
     def _send(self, d: Delivery, alerts: list[Alert], now: float) -> None:
         for n in d.receiver.encode(alerts, now):

@@ -8,8 +8,10 @@ status page, ``/api/v1/series``). Both have one shape, so one template draws bot
                  t: [unix s], values: {key: [number | null]}, causes: [cause | null],
                  evaluations, thinned,
                  incidents: [{id, cause, start, end, breach_began, confidence, summary,
-                              breaches, evidence, secondary, remediation,
-                              opened_because, closed_because}],
+                              breaches, evidence, secondary, contributing:
+                              [{cause, share, evidence}], remediation, opened_as,
+                              segments: [{start, end, cause}], changes: [{at, from, to,
+                              why}], opened_because, closed_because}],
                  transitions: [{at, event, cause, reason, text}]}],
      skipped: [[file, reason]]}
 
@@ -134,9 +136,9 @@ def _incident_json(
     times: Sequence[float],
     causes: Sequence[str | None],
 ) -> dict[str, Any]:
-    doc["causes"].setdefault(i.cause, spec.cause_style(i.cause).model_dump())
-    for other in i.diagnosis.secondary:
-        doc["causes"].setdefault(other, spec.cause_style(other).model_dump())
+    segments = i.segments()
+    for cause in {i.cause, *i.diagnosis.secondary, *(c for _, _, c in segments)}:
+        doc["causes"].setdefault(cause, spec.cause_style(cause).model_dump())
     d = i.diagnosis
     return {
         "id": index,
@@ -156,7 +158,15 @@ def _incident_json(
         "breaches": list(d.breaches),
         "evidence": {k: v for k, v in d.evidence.items() if v is not None},
         "secondary": list(d.secondary),
+        "contributing": [
+            {"cause": c.cause, "share": c.share, "evidence": c.evidence} for c in d.contributing
+        ],
         "remediation": list(d.remediation),
+        "opened_as": i.opened_as or i.cause,
+        "segments": [{"start": a, "end": b, "cause": c} for a, b, c in segments],
+        "changes": [
+            {"at": c.at, "from": c.previous, "to": c.cause, "why": c.why} for c in i.changes
+        ],
         "opened_because": None if i.opened_because is None else str(i.opened_because),
         "closed_because": None if i.closed_because is None else str(i.closed_because),
     }
@@ -164,7 +174,9 @@ def _incident_json(
 
 def _transition_json(t: Transition) -> dict[str, Any]:
     d = t.diagnosis
-    if t.event == "firing":
+    if t.event == "firing" and t.previous_cause is not None and t.change:
+        text = f"cause changed from {t.previous_cause}: {t.change}\n{d.summary}"
+    elif t.event == "firing":
         text = d.summary
     else:
         why = "the cause changed" if t.reason == "cause_changed" else "clear again"
@@ -343,6 +355,7 @@ def _live_incidents(st: TargetState, model: str, since: float) -> list[Incident]
                         started_at=a.started_at,
                         diagnosis=d,
                         opened_because=None,
+                        opened_as=a.opened_as or a.cause,
                     )
                 )
     return [i for i in found if i.ended_at is None or i.ended_at >= since]

@@ -64,6 +64,23 @@ class IncidentRules(BaseModel):
     model_config = _FROZEN
     open_after: int = Field(ge=1)
     resolve_after: int = Field(ge=1)
+    #: Consecutive evaluations another cause must lead, while the open incident's own is
+    #: still present, before the incident changes cause (``docs/physics.md``).
+    change_cause_after: int = Field(ge=1)
+    #: An incident that opens with the cause the last one resolved with, within this
+    #: many evaluations of that resolve, is the same condition flapping: it resolves
+    #: only after this many clear evaluations in a row (0: off).
+    reopen_within: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _change_not_before_open(self) -> IncidentRules:
+        if self.change_cause_after < self.open_after:
+            raise ValueError(
+                f"change_cause_after ({self.change_cause_after}) cannot be shorter than "
+                f"open_after ({self.open_after}): a cause would change faster than an "
+                "incident opens"
+            )
+        return self
 
 
 class ThresholdSettings(BaseModel):

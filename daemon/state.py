@@ -32,6 +32,9 @@ class View:
     #: ``resolve_after`` needed (the view shows "clearing, 2 of 3").
     clear_runs: Mapping[str, int] = field(default_factory=dict)
     resolve_after: int = 0
+    #: Per model: the clear evaluations its incident needs (more than ``resolve_after``
+    #: for one that reopened soon after its last resolve).
+    resolve_needed: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -50,6 +53,8 @@ class TargetState:
     last_error: str = ""
     view: View | None = None
     incidents_opened: Counter[tuple[str, Cause]] = field(default_factory=Counter)
+    #: Changes of cause inside an open incident, by (model, the cause it changed to).
+    cause_changes: Counter[tuple[str, Cause]] = field(default_factory=Counter)
     #: Every transition so far (``recent`` keeps the last few of them).
     transitions: int = 0
     #: model_name values left out because the target exposed too many.

@@ -53,8 +53,9 @@ from daemon.receivers import Notification
 
 log = structlog.get_logger("vllm_triage.store")
 
-#: Bumped when the tables change; a file with another version is moved aside.
-SCHEMA_VERSION = 1
+#: Bumped when the tables change. A file of an older version is migrated in place
+#: (``_MIGRATIONS``: its open incidents survive an upgrade); any other is moved aside.
+SCHEMA_VERSION = 2
 FILE_NAME = "state.sqlite3"
 LOCK_NAME = "state.lock"
 
@@ -62,11 +63,15 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS incidents (
     target TEXT NOT NULL, model TEXT NOT NULL, state TEXT NOT NULL, run INTEGER NOT NULL,
     cause TEXT, started_at REAL NOT NULL, challenger TEXT, challenger_run INTEGER NOT NULL,
+    replaced_run INTEGER NOT NULL DEFAULT 0, opened_as TEXT, changes INTEGER NOT NULL DEFAULT 0,
+    resolve_needed INTEGER NOT NULL DEFAULT 0, resolved_cause TEXT,
+    since_resolved INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (target, model)
 );
 CREATE TABLE IF NOT EXISTS alerts (key TEXT PRIMARY KEY, alert TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS nflog (
     receiver TEXT NOT NULL, key TEXT NOT NULL, status TEXT NOT NULL, at REAL NOT NULL,
+    cause TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (receiver, key)
 );
 CREATE TABLE IF NOT EXISTS outbox (
@@ -74,6 +79,21 @@ CREATE TABLE IF NOT EXISTS outbox (
     what TEXT NOT NULL, body BLOB NOT NULL, queued_at REAL NOT NULL
 );
 """
+
+#: From each older version to the next: incidents gained the cause's hysteresis, the
+#: episode's identity and the flap memory (version 2), the log the cause each receiver
+#: was told.
+_MIGRATIONS = {
+    1: """
+ALTER TABLE incidents ADD COLUMN replaced_run INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE incidents ADD COLUMN opened_as TEXT;
+ALTER TABLE incidents ADD COLUMN changes INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE incidents ADD COLUMN resolve_needed INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE incidents ADD COLUMN resolved_cause TEXT;
+ALTER TABLE incidents ADD COLUMN since_resolved INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE nflog ADD COLUMN cause TEXT NOT NULL DEFAULT '';
+""",
+}
 
 
 def default_state_dir() -> Path:
@@ -217,8 +237,12 @@ class StateStore:
     def _load(self) -> None:
         c = self._conn
         version = c.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, SCHEMA_VERSION):
+        if version not in (0, SCHEMA_VERSION) and version not in _MIGRATIONS:
             raise sqlite3.DatabaseError(f"schema version {version}, expected {SCHEMA_VERSION}")
+        while version in _MIGRATIONS:
+            c.executescript(_MIGRATIONS[version])
+            version += 1
+            log.info("state_migrated", path=str(self.path), schema_version=version)
         c.executescript(_SCHEMA)
         c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         # A write now, so that a read-only file or folder shows here, not mid-incident.
@@ -228,7 +252,8 @@ class StateStore:
         bad: list[tuple[str, str, tuple[Any, ...]]] = []
         incidents: dict[str, list[TrackRecord]] = {}
         for row in c.execute(
-            "SELECT target, model, state, run, cause, started_at, challenger, challenger_run "
+            "SELECT target, model, state, run, cause, started_at, challenger, challenger_run, "
+            "replaced_run, opened_as, changes, resolve_needed, resolved_cause, since_resolved "
             "FROM incidents ORDER BY target, model"
         ):
             try:
@@ -240,6 +265,12 @@ class StateStore:
                     started_at=float(row[5]),
                     challenger=row[6],
                     challenger_run=int(row[7]),
+                    replaced_run=int(row[8]),
+                    opened_as=row[9],
+                    changes=int(row[10]),
+                    resolve_needed=int(row[11]),
+                    resolved_cause=row[12],
+                    since_resolved=int(row[13]),
                 )
             except (ValueError, TypeError) as exc:
                 bad.append(("incidents", str(exc), ("target = ? AND model = ?", row[0], row[1])))
@@ -255,13 +286,21 @@ class StateStore:
                 bad.append(("alerts", str(exc), ("key = ?", key)))
                 continue
             r.alerts[key] = alert
-        for receiver, key, status, at in c.execute("SELECT receiver, key, status, at FROM nflog"):
-            if status not in ("firing", "resolved") or not isinstance(at, int | float):
+        for receiver, key, status, at, cause in c.execute(
+            "SELECT receiver, key, status, at, cause FROM nflog"
+        ):
+            if (
+                status not in ("firing", "resolved")
+                or not isinstance(at, int | float)
+                or not isinstance(cause, str)
+            ):
                 bad.append(
                     ("nflog", "bad status or time", ("receiver = ? AND key = ?", receiver, key))
                 )
                 continue
-            r.log[(receiver, key)] = LastSent("firing" if status == "firing" else "resolved", at)
+            r.log[(receiver, key)] = LastSent(
+                "firing" if status == "firing" else "resolved", at, cause
+            )
         for row_id, receiver, path, what, body in c.execute(
             "SELECT id, receiver, path, what, body FROM outbox ORDER BY id"
         ):
@@ -328,7 +367,7 @@ class StateStore:
         self._write("DELETE FROM incidents WHERE target = ?", (target,))
         for r in records:
             self._write(
-                "INSERT INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     target,
                     r.model_name,
@@ -338,6 +377,12 @@ class StateStore:
                     r.started_at,
                     r.challenger,
                     r.challenger_run,
+                    r.replaced_run,
+                    r.opened_as,
+                    r.changes,
+                    r.resolve_needed,
+                    r.resolved_cause,
+                    r.since_resolved,
                 ),
             )
 
@@ -351,8 +396,8 @@ class StateStore:
 
     def put_log(self, receiver: str, key: str, last: LastSent) -> None:
         self._write(
-            "INSERT OR REPLACE INTO nflog VALUES (?, ?, ?, ?)",
-            (receiver, key, last.status, last.at),
+            "INSERT OR REPLACE INTO nflog VALUES (?, ?, ?, ?, ?)",
+            (receiver, key, last.status, last.at, last.cause),
         )
 
     def delete_log(self, receiver: str, key: str) -> None:

@@ -234,12 +234,15 @@ class TargetWatcher:
             active=tuple(incidents.active()),
             clear_runs={m: incidents.clear_run(m) for m in evaluation.diagnoses},
             resolve_after=incidents.resolve_after,
+            resolve_needed={m: incidents.resolve_needed(m) for m in evaluation.diagnoses},
         )
         for t in evaluation.transitions:
             self._log_transition(t)
             st.recent.append(t)
             st.transitions += 1
-            if t.event == "firing":
+            if t.continues:
+                st.cause_changes[(t.model_name, t.cause)] += 1
+            elif t.event == "firing":
                 st.incidents_opened[(t.model_name, t.cause)] += 1
         if evaluation.transitions and self._notifier is not None:
             self._notifier.notify(st.name, evaluation.transitions, now=at)
@@ -290,6 +293,10 @@ class TargetWatcher:
             confidence=round(d.confidence, 2),
             summary=d.summary,
             lasted_s=round(t.at - t.started_at, 1) if t.event == "resolved" else None,
+            opened_as=t.identity_cause if t.identity_cause != t.cause else None,
+            cause_changed_from=t.previous_cause,
+            change=t.change or None,
+            contributing=[f"{c.cause} {c.share:.0%}" for c in d.contributing] or None,
             evidence=dict(d.evidence) if t.event == "firing" else None,
         )
 

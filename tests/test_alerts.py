@@ -37,7 +37,7 @@ from daemon.core.alerts import (
     slack_payload,
     webhook_payload,
 )
-from daemon.core.model import Diagnosis, Reason, Transition
+from daemon.core.model import Contribution, Diagnosis, Reason, Transition
 
 ALERTMANAGER = Path(__file__).parent / "fixtures" / "alertmanager"
 REAL = {
@@ -385,6 +385,35 @@ class TestWebhookPayload:
         assert notes["breaches"] == "ttft_p99, waiting"
         assert notes["secondary"] == "queue_bound"
         assert all(isinstance(v, str) for v in notes.values())
+
+    def test_a_change_of_cause_keeps_the_labels_and_says_why(self) -> None:
+        """The labels name the cause the episode opened with (its identity in
+        Alertmanager); the annotations carry the cause now, the one it replaced, why, and
+        each contributing cause with its share."""
+        d = dataclasses.replace(
+            transition().diagnosis,
+            contributing=(Contribution("prefill_bound", 0.2, "ITL p99 is 3.7x p50"),),
+        )
+        t = dataclasses.replace(
+            transition(),
+            cause="decode_bound",
+            diagnosis=d,
+            opened_as="kv_pressure",
+            previous_cause="kv_pressure",
+            change="decode_bound led for 24 evaluations in a row",
+            continues=True,
+        )
+        alert = firing_alert(t, target=TARGET, severity="warning", external_url=EXTERNAL)
+        assert alert.labels["diagnosis"] == "kv_pressure"
+        assert alert.labels["alertname"] == "VllmKvPressure"
+        notes = alert.annotations
+        assert notes["cause"] == "decode_bound"
+        assert notes["summary"].startswith("decode_bound on ")
+        assert notes["cause_changed_from"] == "kv_pressure"
+        assert notes["cause_change"] == "decode_bound led for 24 evaluations in a row"
+        assert notes["contributing"] == "- prefill_bound (20%): ITL p99 is 3.7x p50"
+        text = slack_payload(alert)["text"]
+        assert "*FIRING* decode_bound" in text and "*Cause changed* from kv_pressure" in text
 
     def test_summary_without_a_diagnosis_summary_is_the_cause(self) -> None:
         assert firing(summary="").annotations["summary"] == "kv_pressure"

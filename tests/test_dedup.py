@@ -47,6 +47,52 @@ CASES: list[tuple[str, LastSent | None, Status, float, SendPolicy, NotifyReason 
     ("quiet-repeat", LastSent("firing", T), "firing", T + 7200, QUIET, NotifyReason.REPEAT),
 ]
 
+#: The same decision, knowing which cause the receiver was told and which holds now.
+CAUSE_CASES: list[tuple[str, LastSent | None, Status, float, str, NotifyReason | None]] = [
+    # The episode's cause changed a minute after it was told: tell it now, not in an hour.
+    (
+        "cause-changed",
+        LastSent("firing", T, "prefill_bound"),
+        "firing",
+        T + 60,
+        "decode_bound",
+        NotifyReason.CAUSE_CHANGED,
+    ),
+    # The same cause a minute later: nothing new.
+    ("same-cause", LastSent("firing", T, "decode_bound"), "firing", T + 60, "decode_bound", None),
+    # A log from before causes were kept: no change can be told apart from a first word.
+    ("cause-unknown", LastSent("firing", T), "firing", T + 60, "decode_bound", None),
+    # A resolve is a resolve, whatever the cause was.
+    (
+        "resolved-after-change",
+        LastSent("firing", T, "prefill_bound"),
+        "resolved",
+        T + 60,
+        "decode_bound",
+        NotifyReason.RESOLVED,
+    ),
+    # Told it resolved: a firing is a first notification again, not a change.
+    (
+        "fires-again-other-cause",
+        LastSent("resolved", T, "prefill_bound"),
+        "firing",
+        T + 60,
+        "decode_bound",
+        NotifyReason.FIRST,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("last", "status", "now", "cause", "want"),
+    [c[1:] for c in CAUSE_CASES],
+    ids=[c[0] for c in CAUSE_CASES],
+)
+def test_needs_update_on_a_changed_cause(
+    last: LastSent | None, status: Status, now: float, cause: str, want: NotifyReason | None
+) -> None:
+    assert needs_update(last, status, now, HOURLY, cause) == want
+
 
 @pytest.mark.parametrize(
     ("last", "status", "now", "policy", "want"),

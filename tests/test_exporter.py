@@ -26,7 +26,7 @@ from daemon import __version__
 from daemon.assemble import build_evaluator, build_rulebook
 from daemon.core.parse import SnapshotParser
 from daemon.delivery import Delivery
-from daemon.demo.offline import START_AT, ceiling_of
+from daemon.demo.offline import START_AT, scenario_facts
 from daemon.exporter import build_registry
 from daemon.probe import ProbeStats
 from daemon.receivers import Notification, build_receiver
@@ -77,9 +77,9 @@ def watched(scenario: str, *, name: str | None = None, duration_s: float = 60.0)
     """A target's state as ``TargetWatcher.scrape`` leaves it after scraping the simulated
     ``scenario`` every 5 s for ``duration_s`` (the core told the scenario's hardware, as
     the demo does)."""
-    settings = load_settings()
     sc = get_scenario(scenario)
-    rulebook = dataclasses.replace(build_rulebook(settings), ceiling=ceiling_of(sc))
+    settings = load_settings(None, scenario_facts(sc) or None)
+    rulebook = build_rulebook(settings)
     evaluator = build_evaluator(settings, rulebook)
     parser = SnapshotParser()
     state = TargetState(name or scenario, f"http://127.0.0.1:1/{scenario}", rulebook.ceiling)
@@ -216,8 +216,10 @@ class TestSignals:
         assert ratio == pytest.approx(measured / ceiling, rel=1e-4)
 
     def test_decode_roofline_is_floor_over_step(self, text: str) -> None:
-        """The step roofline, healthy or not: floor / mean ITL, its byte split, and which
-        resource binds (the demo's rulebook knows only the weights: they are all of it)."""
+        """The step roofline, healthy or not: floor / mean ITL, its byte split (the weights,
+        and the KV the running requests hold: the demo tells the daemon the model's KV bytes
+        per token, and the pool's size comes from cache_config_info), and which resource
+        binds."""
         for target in ("kv_pressure", "healthy"):
             labels = {"target": target, "model_name": MODEL}
             step = value(text, P + "decode_step_seconds", **labels)
@@ -227,7 +229,8 @@ class TestSignals:
             assert ratio == pytest.approx(floor / step, rel=1e-4)
             weights = value(text, P + "decode_step_bytes", part="weights", **labels)
             assert weights == pytest.approx(16.06e9)
-            assert not samples(text, P + "decode_step_bytes", part="kv", **labels)
+            kv = value(text, P + "decode_step_bytes", part="kv", **labels)
+            assert 0 < kv <= 32_768 * 131_072  # at most the whole pool
             assert value(text, P + "decode_binding_resource", resource="memory", **labels) == 1
             assert value(text, P + "decode_binding_resource", resource="compute", **labels) == 0
             assert value(text, P + "decode_tokens_per_step", **labels) == 1.0

@@ -32,7 +32,7 @@ from daemon.core.model import CAUSES
 from daemon.core.names import SAMPLES
 from daemon.core.parse import SnapshotParser
 from daemon.delivery import Delivery
-from daemon.demo.offline import START_AT, ceiling_of
+from daemon.demo.offline import START_AT, scenario_facts
 from daemon.exporter import build_registry
 from daemon.probe import ProbeStats
 from daemon.receivers import build_receiver
@@ -156,9 +156,9 @@ def watched(scenario: str) -> TargetState:
     """A target's state as the watcher leaves it after a simulated minute of
     ``scenario`` every 5 s, with the scenario's hardware known (so that the decode
     ceiling is exported), plus a couple of failed scrapes."""
-    settings = load_settings()
     sc = get_scenario(scenario)
-    rulebook = dataclasses.replace(build_rulebook(settings), ceiling=ceiling_of(sc))
+    settings = load_settings(None, scenario_facts(sc) or None)
+    rulebook = build_rulebook(settings)
     evaluator = build_evaluator(settings, rulebook)
     parser = SnapshotParser()
     state = TargetState(scenario, f"http://127.0.0.1:1/{scenario}", rulebook.ceiling)

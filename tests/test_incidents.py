@@ -14,7 +14,16 @@ from daemon.core.model import Diagnosis, Reason
 
 
 def d(at: float, cause: str | None, model: str = "m") -> Diagnosis:
-    return Diagnosis(model_name=model, at=at, breaches=("x",) if cause else (), cause=cause)  # type: ignore[arg-type]
+    """A diagnosis of ``cause``; ``"queue_bound/kv_pressure"`` is queue_bound leading with
+    kv_pressure's symptoms still present (contributing)."""
+    lead, *also = cause.split("/") if cause else [None]
+    return Diagnosis(
+        model_name=model,
+        at=at,
+        breaches=("x",) if cause else (),
+        cause=lead,  # type: ignore[arg-type]
+        present=(lead, *also) if lead else (),  # type: ignore[arg-type]
+    )
 
 
 def walk(tracker: IncidentTracker, causes: list[str | None]) -> list[tuple[float, str, str, str]]:
@@ -25,7 +34,9 @@ def walk(tracker: IncidentTracker, causes: list[str | None]) -> list[tuple[float
     return out
 
 
-K, Q, P = "kv_pressure", "queue_bound", "prefill_bound"
+K, Q, P, S = "kv_pressure", "queue_bound", "prefill_bound", "stalled"
+QK = "queue_bound/kv_pressure"  # queue_bound leads, kv_pressure still present
+KQ = "kv_pressure/queue_bound"
 
 # (sequence of per-evaluation causes, expected transitions), with open_after=3, resolve_after=2
 TABLE = [
@@ -38,15 +49,60 @@ TABLE = [
         [(2.0, "firing", K, "opened"), (6.0, "resolved", K, "resolved")],
         id="resolves-after-2-clear",
     ),
-    # a different cause must also persist before the identity switches
+    # once the incident's own symptoms are gone, a new cause takes over after open_after
+    # evaluations: one firing, the same episode (no resolve)
     pytest.param(
         [K, K, K, Q, K, Q, Q, Q],
+        [(2.0, "firing", K, "opened"), (7.0, "firing", Q, "cause_changed")],
+        id="cause-change",
+    ),
+    # while they are still present, the challenger must lead change_cause_after (6) in a row
+    pytest.param(
+        [K, K, K, QK, QK, QK, QK, QK],
+        [(2.0, "firing", K, "opened")],
+        id="present-cause-holds",
+    ),
+    pytest.param(
+        [K, K, K, QK, QK, QK, QK, QK, QK],
+        [(2.0, "firing", K, "opened"), (8.0, "firing", Q, "cause_changed")],
+        id="sustained-lead-changes",
+    ),
+    # the lead is unbroken or it starts again
+    pytest.param(
+        [K, K, K, QK, QK, QK, QK, QK, K, QK, QK, QK, QK, QK],
+        [(2.0, "firing", K, "opened")],
+        id="broken-lead-starts-again",
+    ),
+    # the end of a lead without the incident's symptoms is the clear margin
+    pytest.param(
+        [K, K, K, QK, QK, Q, Q, Q],
+        [(2.0, "firing", K, "opened"), (7.0, "firing", Q, "cause_changed")],
+        id="lead-then-gone",
+    ),
+    # damping: after one change, going back needs twice the lead (12)
+    pytest.param(
+        [K, K, K, *[QK] * 6, *[KQ] * 11],
+        [(2.0, "firing", K, "opened"), (8.0, "firing", Q, "cause_changed")],
+        id="damped-second-change",
+    ),
+    pytest.param(
+        [K, K, K, *[QK] * 6, *[KQ] * 12],
         [
             (2.0, "firing", K, "opened"),
-            (7.0, "resolved", K, "cause_changed"),
-            (7.0, "firing", Q, "cause_changed"),
+            (8.0, "firing", Q, "cause_changed"),
+            (20.0, "firing", K, "cause_changed"),
         ],
-        id="cause-change",
+        id="damped-second-change-after-twice-the-lead",
+    ),
+    # a hung engine is another episode: the slow one resolves, stalled opens
+    pytest.param(
+        [K, K, K, S, S, S],
+        [
+            (2.0, "firing", K, "opened"),
+            (5.0, "resolved", K, "cause_changed"),
+            (5.0, "firing", S, "cause_changed"),
+        ],
+        id="stalled-is-its-own-episode",
     ),
     # two different challengers in a row do not add up
     pytest.param([K, K, K, Q, P, Q, P], [(2.0, "firing", K, "opened")], id="flapping-challengers"),
@@ -61,7 +117,8 @@ class TestTable:
         self, causes: list[str | None], expected: list[tuple[float, str, str, str]]
     ) -> None:
         """Each sequence of evaluations gives exactly the transitions of the table."""
-        assert walk(IncidentTracker(open_after=3, resolve_after=2), causes) == expected
+        t = IncidentTracker(open_after=3, resolve_after=2, change_cause_after=6)
+        assert walk(t, causes) == expected
 
     def test_models_are_independent(self) -> None:
         """One model's incident does not open or hold another's."""
@@ -93,12 +150,49 @@ class TestTable:
             IncidentTracker(open_after=0)
 
 
+class TestFlapDamping:
+    """An incident that reopens with its cause soon after it resolved is the condition
+    flapping: the clear stretch between proved nothing, so the next resolve needs more."""
+
+    def test_a_quick_reopen_resolves_only_after_a_whole_flap_window(self) -> None:
+        t = IncidentTracker(open_after=1, resolve_after=2, reopen_within=6)
+        # opens at 0, resolves at 2, back at 5: 3 evaluations after the resolve
+        assert walk(t, [K, None, None, None, None, K]) == [
+            (0.0, "firing", K, "opened"),
+            (2.0, "resolved", K, "resolved"),
+            (5.0, "firing", K, "opened"),
+        ]
+        assert t.resolve_needed("m") == 6
+        # five clear evaluations no longer resolve it; a breach starts the count again
+        out = [x for i in range(6, 11) for x in t.observe(d(float(i), None))]
+        assert out == [] and t.state("m") is State.RESOLVING
+        assert t.observe(d(11.0, K)) == []
+        out = [x for i in range(12, 18) for x in t.observe(d(float(i), None))]
+        assert [(x.event, x.at) for x in out] == [("resolved", 17.0)]
+        # and the next clean incident resolves as fast as ever
+        assert t.resolve_needed("m") == 2 or t.state("m") is State.CLEAR
+
+    def test_a_reopen_long_after_or_of_another_cause_is_a_new_condition(self) -> None:
+        late = IncidentTracker(open_after=1, resolve_after=2, reopen_within=3)
+        walk(late, [K, None, None, None, None, None, None, K])
+        assert late.resolve_needed("m") == 2
+        other = IncidentTracker(open_after=1, resolve_after=2, reopen_within=10)
+        walk(other, [K, None, None, Q])
+        assert other.resolve_needed("m") == 2
+
+    def test_the_damping_can_be_turned_off(self) -> None:
+        off = IncidentTracker(open_after=1, resolve_after=2, reopen_within=0)
+        walk(off, [K, None, None, K])
+        assert off.resolve_needed("m") == 2 and off.export()[0].resolved_cause is None
+
+
 class TestTheTable:
     def test_every_state_and_event_has_exactly_one_rule(self) -> None:
-        """The table is complete: no (state, event) falls through, except ``other`` while
-        nothing is open (a cause is only "other" than an open incident's)."""
+        """The table is complete: no (state, event) falls through, except ``other`` and
+        ``replaced`` while nothing is open (a cause is only "other" than an open one's)."""
         closed = {State.CLEAR, State.PENDING}
-        want = {(s, e) for s in State for e in Event if not (s in closed and e is Event.OTHER)}
+        challenges = {Event.OTHER, Event.REPLACED}
+        want = {(s, e) for s in State for e in Event if not (s in closed and e in challenges)}
         assert set(RULES) == want
 
     def test_the_docstring_prints_the_table_the_code_runs(self) -> None:
@@ -125,7 +219,7 @@ class TestTheTable:
         ]
 
 
-CAUSE_OR_CLEAR = st.sampled_from([K, Q, P, None])
+CAUSE_OR_CLEAR = st.sampled_from([K, Q, P, S, QK, KQ, None])
 
 
 class TestExportRestore:
@@ -135,6 +229,7 @@ class TestExportRestore:
         cut=st.integers(min_value=0, max_value=40),
         open_after=st.integers(min_value=1, max_value=4),
         resolve_after=st.integers(min_value=1, max_value=4),
+        change_extra=st.integers(min_value=0, max_value=3),
     )
     def test_a_restored_tracker_carries_on_exactly(
         self,
@@ -142,6 +237,7 @@ class TestExportRestore:
         cut: int,
         open_after: int,
         resolve_after: int,
+        change_extra: int,
     ) -> None:
         """Stopping after any evaluation, exporting, and restoring into a new tracker
         gives exactly the transitions of the tracker that never stopped."""
@@ -152,11 +248,19 @@ class TestExportRestore:
                 out += tracker.observe(d(float(i), cause, model))
             return out
 
-        whole = IncidentTracker(open_after=open_after, resolve_after=resolve_after)
+        def tracker() -> IncidentTracker:
+            return IncidentTracker(
+                open_after=open_after,
+                resolve_after=resolve_after,
+                change_cause_after=open_after + change_extra,
+                reopen_within=6,
+            )
+
+        whole = tracker()
         expected = run(whole, causes, 0)
-        before = IncidentTracker(open_after=open_after, resolve_after=resolve_after)
+        before = tracker()
         got = run(before, causes[:cut], 0)
-        after = IncidentTracker(open_after=open_after, resolve_after=resolve_after)
+        after = tracker()
         after.restore(before.export())
         got += run(after, causes[cut:], min(cut, len(causes)))
         assert got == expected
@@ -173,6 +277,13 @@ class TestExportRestore:
             ("c", State.FIRING, 0, Q),
         ]
 
+    def test_a_clear_track_is_kept_while_it_remembers_a_resolve(self) -> None:
+        t = IncidentTracker(open_after=1, resolve_after=1, reopen_within=2)
+        walk(t, [K, None])
+        assert [(r.state, r.resolved_cause) for r in t.export()] == [(State.CLEAR, K)]
+        walk(t, [None, None, None])  # remembered for reopen_within evaluations
+        assert t.export() == ()
+
     @pytest.mark.parametrize(
         "fields",
         [
@@ -182,6 +293,8 @@ class TestExportRestore:
             {"state": State.FIRING, "cause": "melting"},
             {"state": State.FIRING, "cause": K, "challenger": "melting"},
             {"state": State.RESOLVING, "cause": K, "run": -1},
+            {"state": State.FIRING, "cause": K, "changes": -1},
+            {"state": State.FIRING, "cause": K, "opened_as": "melting"},
             {"state": "firing", "cause": K},
             {"state": State.FIRING, "cause": K, "started_at": math.nan},
         ],
@@ -192,6 +305,8 @@ class TestExportRestore:
             "unknown-cause",
             "unknown-challenger",
             "negative-count",
+            "negative-changes",
+            "unknown-opened-as",
             "state-not-a-state",
             "nan-start",
         ],

@@ -7,6 +7,7 @@ stands after ``notify`` and ``tick``. Time is the ``now`` the test passes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -142,6 +143,49 @@ class TestWebhook:
         ]
         assert bodies[1]["alerts"][0]["annotations"]["summary"].startswith("queue_bound")
         assert [a.labels["diagnosis"] for a in n.active.values()] == ["kv_pressure"]
+
+    def test_a_change_of_cause_is_the_same_alert_told_again_at_once(
+        self, client: httpx.AsyncClient
+    ) -> None:
+        """Inside one episode (core.incidents) a change of cause keeps the alert's labels,
+        fingerprint and start; the receiver hears it now (not at the next repeat) with the
+        cause now, what it changed from and why; the resolve names the cause at the end."""
+        n = Notifier(settings(webhook()), client, EXTERNAL)
+        n.notify(TARGET, [fire("prefill_bound")], now=T0)
+        later = T0 + 120
+        change = Transition(
+            "firing",
+            Reason.CAUSE_CHANGED,
+            MODEL,
+            "decode_bound",
+            later,
+            T0,
+            broken("decode_bound", later),
+            opened_as="prefill_bound",
+            previous_cause="prefill_bound",
+            change="decode_bound led for 24 evaluations in a row",
+            continues=True,
+        )
+        n.notify(TARGET, [change], now=later)
+        n.notify(TARGET, [fire("prefill_bound")], now=later + 1)  # nothing new: no send
+        done = dataclasses.replace(
+            resolve("decode_bound", at=later + 300), opened_as="prefill_bound"
+        )
+        n.notify(TARGET, [done], now=later + 300)
+        bodies = queued(n.deliveries[0])
+        assert [b["status"] for b in bodies] == ["firing", "firing", "firing", "resolved"]
+        first, changed, back, resolved = (b["alerts"][0] for b in bodies)
+        assert first["fingerprint"] == changed["fingerprint"] == resolved["fingerprint"]
+        assert changed["labels"]["diagnosis"] == "prefill_bound"  # the identity stays
+        assert changed["startsAt"] == first["startsAt"] == go_time(T0)
+        notes = changed["annotations"]
+        assert notes["cause"] == "decode_bound"
+        assert notes["cause_changed_from"] == "prefill_bound"
+        assert notes["cause_change"].startswith("decode_bound led for 24")
+        assert notes["summary"].startswith("decode_bound on gpu-0")
+        assert back["annotations"]["cause"] == "prefill_bound"  # told: it changed back
+        assert resolved["annotations"]["cause"] == "prefill_bound"
+        assert n.active == {}
 
     def test_send_resolved_false_skips_resolved(self, client: httpx.AsyncClient) -> None:
         n = Notifier(

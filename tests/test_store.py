@@ -168,6 +168,74 @@ class TestNeverFatal:
         assert store.restored.empty
         assert any("schema version" in e.get("why", "") for e in logs)
 
+    def test_a_version_1_file_is_migrated_and_keeps_its_incidents(self, tmp_path: Path) -> None:
+        """A state file written before incidents kept their episode and flap memory (the
+        schema of version 1, verbatim) is upgraded in place: its open incident and the
+        log survive, the new fields take their neutral values, and it reads as version 2."""
+        conn = sqlite3.connect(tmp_path / FILE_NAME)
+        conn.executescript(
+            """
+            CREATE TABLE incidents (
+                target TEXT NOT NULL, model TEXT NOT NULL, state TEXT NOT NULL,
+                run INTEGER NOT NULL, cause TEXT, started_at REAL NOT NULL, challenger TEXT,
+                challenger_run INTEGER NOT NULL, PRIMARY KEY (target, model));
+            CREATE TABLE alerts (key TEXT PRIMARY KEY, alert TEXT NOT NULL);
+            CREATE TABLE nflog (receiver TEXT NOT NULL, key TEXT NOT NULL,
+                status TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (receiver, key));
+            CREATE TABLE outbox (id INTEGER PRIMARY KEY AUTOINCREMENT, receiver TEXT NOT NULL,
+                path TEXT NOT NULL, what TEXT NOT NULL, body BLOB NOT NULL,
+                queued_at REAL NOT NULL);
+            INSERT INTO incidents VALUES ('t', 'm', 'firing', 0, 'kv_pressure', 1800000000.0,
+                NULL, 0);
+            INSERT INTO nflog VALUES ('pager', 'abc', 'firing', 1800000001.0);
+            PRAGMA user_version = 1;
+            """
+        )
+        conn.close()
+        with capture_logs() as logs:
+            store = opened(tmp_path)
+        assert store.restored.incidents == {"t": (FIRING,)}
+        assert store.restored.log == {("pager", "abc"): LastSent("firing", T0 + 1)}
+        assert [e["schema_version"] for e in logs if e["event"] == "state_migrated"] == [2]
+        store.close()
+        conn = sqlite3.connect(tmp_path / FILE_NAME)
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        conn.close()
+
+    def test_the_episode_and_flap_memory_survive_a_restart(self, tmp_path: Path) -> None:
+        """Every field of a kept incident comes back as it was written: the cause it
+        opened with, its changes, the clear evaluations it needs, a clear track's memory."""
+        changed = TrackRecord(
+            model_name="m",
+            state=State.RESOLVING,
+            run=2,
+            cause="decode_bound",
+            started_at=T0,
+            challenger="queue_bound",
+            challenger_run=5,
+            replaced_run=1,
+            opened_as="prefill_bound",
+            changes=1,
+            resolve_needed=15,
+        )
+        remembered = TrackRecord(
+            model_name="n",
+            state=State.CLEAR,
+            run=0,
+            cause=None,
+            started_at=0.0,
+            resolved_cause="kv_pressure",
+            since_resolved=7,
+        )
+        store = opened(tmp_path)
+        store.save_incidents("t", (changed, remembered))
+        store.put_log("pager", "abc", LastSent("firing", T0, "decode_bound"))
+        store.close()
+        again = opened(tmp_path)
+        assert again.restored.incidents == {"t": (changed, remembered)}
+        assert again.restored.log == {("pager", "abc"): LastSent("firing", T0, "decode_bound")}
+        again.close()
+
     def test_another_programs_tables_are_moved_aside(self, tmp_path: Path) -> None:
         conn = sqlite3.connect(tmp_path / FILE_NAME)
         conn.execute("CREATE TABLE incidents (id INTEGER, note TEXT)")
@@ -184,9 +252,12 @@ class TestNeverFatal:
         store.save_incidents("t", (FIRING,))
         store.close()
         conn = sqlite3.connect(tmp_path / FILE_NAME)
-        conn.execute("INSERT INTO incidents VALUES ('t', 'x', 'exploded', 0, NULL, 0, NULL, 0)")
+        conn.execute(
+            "INSERT INTO incidents (target, model, state, run, cause, started_at, challenger, "
+            "challenger_run) VALUES ('t', 'x', 'exploded', 0, NULL, 0, NULL, 0)"
+        )
         conn.execute("INSERT INTO alerts VALUES ('abc', 'not json')")
-        conn.execute("INSERT INTO nflog VALUES ('pager', 'abc', 'maybe', 1.0)")
+        conn.execute("INSERT INTO nflog VALUES ('pager', 'abc', 'maybe', 1.0, '')")
         conn.commit()
         conn.close()
         with capture_logs() as logs:

@@ -122,7 +122,7 @@ def transitions_of(causes: list[str | None], model: str = "m") -> list[Transitio
     return [t for i, c in enumerate(causes) for t in tracker.observe(diag(float(i), c, model))]
 
 
-K, Q = "kv_pressure", "queue_bound"
+K, Q, S = "kv_pressure", "queue_bound", "stalled"
 
 
 class TestIncidents:
@@ -134,14 +134,26 @@ class TestIncidents:
         assert (i.opened_because, i.closed_because) == (Reason.OPENED, Reason.RESOLVED)
         assert i.diagnosis.summary == "s2"  # the diagnosis that fired it, not the last one
 
-    def test_a_changed_cause_is_two_incidents_end_to_end(self) -> None:
-        found = incidents(transitions_of([K, K, K, Q, Q, Q, None, None]))
+    def test_a_changed_cause_is_one_incident_in_two_stretches(self) -> None:
+        """A change of cause inside an episode is one incident: the cause it opened with,
+        each change (when, from, to, why), a band per stretch, the last cause's evidence."""
+        (i,) = incidents(transitions_of([K, K, K, Q, Q, Q, None, None]))
+        assert (i.cause, i.opened_as, i.started_at, i.ended_at) == (Q, K, 2.0, 7.0)
+        assert [(c.at, c.previous, c.cause) for c in i.changes] == [(5.0, K, Q)]
+        assert "kv_pressure's symptoms" in i.changes[0].why
+        assert i.segments() == [(2.0, 5.0, K), (5.0, 7.0, Q)]
+        assert i.diagnosis.summary == "s5"  # the diagnosis that decided the current cause
+        assert (i.opened_because, i.closed_because) == (Reason.OPENED, Reason.RESOLVED)
+
+    def test_a_stall_is_its_own_incident_end_to_end(self) -> None:
+        """Into and out of stalled: the slow episode ends, the hang is its own incident."""
+        found = incidents(transitions_of([K, K, K, S, S, S, None, None]))
         assert [(i.cause, i.started_at, i.ended_at) for i in found] == [
             (K, 2.0, 5.0),
-            (Q, 5.0, 7.0),
+            (S, 5.0, 7.0),
         ]
         assert found[0].closed_because == Reason.CAUSE_CHANGED
-        assert found[1].opened_because == Reason.CAUSE_CHANGED
+        assert found[1].opened_because == Reason.CAUSE_CHANGED and found[1].changes == ()
 
     def test_still_firing_has_no_end(self) -> None:
         (i,) = incidents(transitions_of([K, K, K, K]))

@@ -129,7 +129,8 @@ class TestLatency:
         assert s.iteration_tokens is not None and s.iteration_tokens.count == 20
 
     def test_busy_means_leave_out_idle_scrapes(self) -> None:
-        """KV usage and running requests while requests ran: what a step reads."""
+        """Running requests while requests ran, and KV usage over those scrapes weighted by
+        the requests running (as the mean ITL weighs steps): what the mean step reads."""
         w = Window(60)
         fill(
             w,
@@ -140,7 +141,7 @@ class TestLatency:
             ],
         )
         s = w.signals("m")
-        assert s.kv_usage_busy_mean == pytest.approx(0.4)
+        assert s.kv_usage_busy_mean == pytest.approx((0.6 * 4 + 0.2 * 2) / 6)
         assert s.running_busy_mean == pytest.approx(3.0)
         assert s.kv_usage_mean == pytest.approx(0.8 / 3)
 

@@ -9,9 +9,13 @@ Alertmanager works unchanged:
 - ``postable_alerts``: the body of ``POST /api/v2/alerts`` (what Prometheus pushes);
 - ``slack_payload``: a readable message for a Slack-compatible incoming webhook.
 
-One alert identity per (target, model, diagnosis): its labels are ``alertname`` (one per
-cause, so Alertmanager's default grouping by ``alertname`` groups by cause),
-``severity``, ``target``, ``model_name`` and ``diagnosis``.
+One alert identity per incident episode (``core.incidents``): its labels are
+``alertname`` (one per cause, so Alertmanager's default grouping by ``alertname`` groups
+by cause), ``severity``, ``target``, ``model_name`` and ``diagnosis``, where the cause is
+the one the episode *opened* with. Labels are an alert's identity in Alertmanager, so
+they must not change while the episode lasts; what does change (the current cause after
+a change, why it changed, the contributing causes) is in the annotations: ``cause``,
+``cause_changed_from``, ``cause_change`` and ``contributing``.
 """
 
 from __future__ import annotations
@@ -120,6 +124,11 @@ def evidence_text(d: Diagnosis) -> str:
     return ", ".join(parts)
 
 
+def contributing_text(d: Diagnosis) -> str:
+    """The contributing causes, one line each: cause, share of the evidence, what shows it."""
+    return "\n".join(f"- {c.cause} ({c.share:.0%}): {c.evidence}" for c in d.contributing)
+
+
 def alert_labels(target: str, model_name: str, cause: Cause, severity: str) -> dict[str, str]:
     return {
         "alertname": ALERTNAMES[cause],
@@ -146,12 +155,18 @@ def firing_alert(t: Transition, *, target: str, severity: str, external_url: str
         "remediation": "\n".join(f"- {item}" for item in d.remediation),
         "confidence": f"{d.confidence:.2f}",
         "breaches": ", ".join(d.breaches),
+        "cause": t.cause,
     }
     if d.secondary:
         annotations["secondary"] = ", ".join(d.secondary)
+    if d.contributing:
+        annotations["contributing"] = contributing_text(d)
+    if t.previous_cause is not None:
+        annotations["cause_changed_from"] = t.previous_cause
+        annotations["cause_change"] = t.change
     return Alert(
         status="firing",
-        labels=alert_labels(target, t.model_name, t.cause, severity),
+        labels=alert_labels(target, t.model_name, t.identity_cause, severity),
         annotations=annotations,
         starts_at=t.started_at,
         ends_at=None,
@@ -219,15 +234,21 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
     if alert.status == "resolved":
         lasted = (alert.ends_at or alert.starts_at) - alert.starts_at
         text = (
-            f":white_check_mark: *RESOLVED* {labels['diagnosis']} on {where} after {lasted:.0f} s"
+            f":white_check_mark: *RESOLVED* {notes.get('cause', labels['diagnosis'])} on "
+            f"{where} after {lasted:.0f} s"
         )
         return {"text": text}
+    cause = notes.get("cause", labels["diagnosis"])
     lines = [
-        f":rotating_light: *FIRING* {labels['diagnosis']} on {where} "
-        f"(confidence {notes.get('confidence', '?')})",
-        notes.get("description", ""),
-        f"*Evidence:* {notes.get('evidence', '')}",
+        f":rotating_light: *FIRING* {cause} on {where} (confidence {notes.get('confidence', '?')})",
     ]
+    if notes.get("cause_changed_from"):
+        lines.append(
+            f"*Cause changed* from {notes['cause_changed_from']}: {notes.get('cause_change', '')}"
+        )
+    lines += [notes.get("description", ""), f"*Evidence:* {notes.get('evidence', '')}"]
+    if notes.get("contributing"):
+        lines.append("*Contributing:*\n" + notes["contributing"])
     if notes.get("remediation"):
         lines.append("*Fix:*\n" + notes["remediation"])
     return {"text": "\n".join(line for line in lines if line)}

@@ -22,14 +22,19 @@ class NotifyReason(enum.StrEnum):
     FIRST = "first_notification"
     RESOLVED = "resolved"
     REPEAT = "repeat_interval_elapsed"
+    #: The episode's cause changed since the receiver was told (``core.incidents``): the
+    #: same alert, told again at once with what changed and why.
+    CAUSE_CHANGED = "cause_changed"
 
 
 @dataclass(frozen=True, slots=True)
 class LastSent:
-    """What a receiver was last told about one alert identity, and when."""
+    """What a receiver was last told about one alert identity, and when; ``cause`` is
+    the cause it was told of ("" when not known, as in a log kept by an older version)."""
 
     status: Status
     at: float
+    cause: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,15 +46,18 @@ class SendPolicy:
 
 
 def needs_update(
-    last: LastSent | None, status: Status, now: float, policy: SendPolicy
+    last: LastSent | None, status: Status, now: float, policy: SendPolicy, cause: str = ""
 ) -> NotifyReason | None:
-    """Why ``status`` should be sent to a receiver whose last word was ``last``, or None."""
+    """Why ``status`` (of an alert whose cause is now ``cause``) should be sent to a
+    receiver whose last word was ``last``, or None."""
     if status == "resolved":
         if last is None or last.status == "resolved":
             return None  # never told it fired, or already told it ended
         return NotifyReason.RESOLVED if policy.send_resolved else None
     if last is None or last.status == "resolved":
         return NotifyReason.FIRST
+    if cause and last.cause and cause != last.cause:
+        return NotifyReason.CAUSE_CHANGED
     if now - last.at >= policy.repeat_after_seconds:
         return NotifyReason.REPEAT
     return None

@@ -35,7 +35,15 @@ import math
 from dataclasses import dataclass
 
 from daemon.core import roofline
-from daemon.core.model import CAUSES, Cause, Diagnosis, Progress, Quantile, Signals
+from daemon.core.model import (
+    CAUSES,
+    Cause,
+    Contribution,
+    Diagnosis,
+    Progress,
+    Quantile,
+    Signals,
+)
 from daemon.core.roofline import StepRoofline
 from daemon.core.rulebook import Rulebook, Thresholds
 
@@ -67,6 +75,7 @@ class _Facts:
     queue_share: float | None
     prefill_share: float | None
     itl_spread: float | None
+    itl_p50: float | None
     prompts: bool
     ceiling_ratio: float | None
     roofline: StepRoofline | None
@@ -144,6 +153,7 @@ def _facts(s: Signals, rules: Rulebook) -> _Facts:
         queue_share=_queue_share(s),
         prefill_share=s.prefill_time_share,
         itl_spread=_ratio(itl, _value(s.itl_p50)),
+        itl_p50=_value(s.itl_p50),
         prompts=(s.prompt_tokens_per_second or 0.0) > 0.0,
         ceiling_ratio=ratio,
         roofline=roofline.step_roofline(s, hw) if hw is not None else None,
@@ -554,6 +564,7 @@ def _stalled(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
         evidence=evidence,
         secondary=(),
         remediation=rules.remediation.get("stalled", ()),
+        present=("stalled",),
     )
 
 
@@ -587,12 +598,120 @@ def _held(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
     )
 
 
-def diagnose(s: Signals, rules: Rulebook, *, open_after: int = 1) -> Diagnosis:
+#: How far below its own cut-off a symptom still counts as *present* (contributing, or
+#: keeping an open incident's cause): half the ITL spike ratio, half the ITL SLO at p50
+#: (``docs/physics.md``, "Contributing causes"). Looser than the deciding checks on
+#: purpose: a cause whose number wanders around its cut-off is still there, and only a
+#: cause that has gone by this margin lets an incident change cause at once.
+PRESENCE = 0.5
+
+
+def _present(cause: Cause, f: _Facts, check: list[bool | None], rules: Rulebook) -> bool:
+    """Whether ``cause``'s symptoms are present this window (its deciding check, or the
+    looser sign of it that the contributing list and the incident's hysteresis use)."""
+    if check[0]:
+        return True
+    th = rules.thresholds
+    if cause == "queue_bound":
+        # A queue behind a prefill flood is prefill's doing, not a cap's (``_checks``).
+        prefill_dominant = (f.prefill_share or 0.0) >= th.prefill_dominant_share
+        return f.waiting_sustained and f.kv_tight is not True and not prefill_dominant
+    if cause == "prefill_bound":
+        return (
+            f.itl_breach
+            and f.prompts
+            and f.itl_spread is not None
+            and f.itl_spread >= th.itl_spike_ratio * PRESENCE
+        )
+    if cause == "decode_bound":
+        return (
+            f.itl_breach
+            and f.itl_p50 is not None
+            and f.itl_p50 >= rules.slo.itl_p99_seconds * PRESENCE
+        )
+    return False
+
+
+def _contribution_evidence(cause: Cause, s: Signals, f: _Facts, rules: Rulebook) -> str:
+    """One line of what shows a contributing cause, in the units a person reads."""
+    if cause == "kv_pressure":
+        room = (
+            f", room for {f.kv_headroom_requests:.1f} more requests"
+            if f.kv_headroom_requests is not None
+            else ""
+        )
+        return (
+            f"KV {_fmt(s.kv_usage_max and s.kv_usage_max * 100, '%', 3)} used at peak, "
+            f"{_fmt(s.preemptions_per_second, '/s')} preemptions{room}"
+        )
+    if cause == "queue_bound":
+        return f"{f.waiting:.1f} requests waiting while the KV cache has room"
+    if cause == "prefill_bound":
+        if f.itl_breach and f.itl_spread is not None:
+            return (
+                f"ITL p99 {_fmt(_value(s.itl_p99), ' s')} is {f.itl_spread:.1f}x p50: "
+                "prefill chunks stall the decode steps they join"
+            )
+        ttft, prefill = _fmt(_value(s.ttft_p99), " s"), _fmt(s.prefill_time_mean, " s")
+        return f"TTFT p99 {ttft}, prefill {prefill} mean"
+    line = (
+        f"ITL p50 {_fmt(f.itl_p50, ' s')} is {f.itl_p50 / rules.slo.itl_p99_seconds:.0%} of the "
+        "ITL SLO: every token is slow, not only the spikes"
+        if f.itl_p50 is not None
+        else f"ITL p99 {_fmt(_value(s.itl_p99), ' s')} over the SLO"
+    )
+    r = f.roofline
+    if r is not None:
+        line += (
+            f"; a decode step takes {r.step_seconds * 1e3:.3g} ms, its hardware floor "
+            f"{r.ratio:.0%} of that ({_TERM_WORDS[r.dominant]})"
+        )
+    return line
+
+
+def _contributing(
+    *,
+    primary: Cause,
+    present: list[Cause],
+    confidence: dict[Cause, float],
+    s: Signals,
+    f: _Facts,
+    rules: Rulebook,
+) -> tuple[Contribution, ...]:
+    others = [c for c in present if c != primary]
+    total = confidence[primary] + sum(confidence[c] for c in others)
+    return tuple(
+        Contribution(
+            cause=c,
+            share=round(confidence[c] / total, 2) if total > 0 else 0.0,
+            evidence=_contribution_evidence(c, s, f, rules),
+        )
+        for c in others
+    )
+
+
+def _inconclusive(s: Signals) -> tuple[str, ...]:
+    """The latency SLOs a window could not judge although work was in flight: a sparse
+    load of long requests finishes too few of them in one window. Nothing in flight is an
+    idle server, and an idle server is clear."""
+    busy = (s.running_max or 0.0) > 0 or (s.waiting_max or 0.0) > 0
+    if not busy:
+        return ()
+    return tuple(
+        k for k in ("ttft_p99", "itl_p99") if s.missing.get(k, "").startswith("not enough data")
+    )
+
+
+def diagnose(
+    s: Signals, rules: Rulebook, *, open_after: int = 1, keep: Cause | None = None
+) -> Diagnosis:
     """Judge one model's signals against the SLO and name the cause.
 
     ``open_after`` is how many breached evaluations the caller's incident tracker waits
     for before it fires (1 for a one-off verdict): it sets when a stall starts to breach
-    (``stall_breach_seconds``).
+    (``stall_breach_seconds``). ``keep`` is an open incident's cause: while its symptoms
+    are still present it stays the primary cause, and the cause that led this window
+    becomes a contributing one (``core.incidents`` decides when it has led long enough).
     """
     stall = _stall(s, rules, open_after)
     if stall is not None and stall.stalled:
@@ -604,7 +723,22 @@ def diagnose(s: Signals, rules: Rulebook, *, open_after: int = 1) -> Diagnosis:
     if not breaches:
         # The roofline is worth watching while healthy too (how close to the hardware).
         steady = _rounded(roofline.evidence(f.roofline)) if f.roofline is not None else {}
-        return Diagnosis(model_name=s.model_name, at=s.at, breaches=(), cause=None, evidence=steady)
+        thin = _inconclusive(s)
+        summary = (
+            f"too few observations to judge {', '.join(thin)} while requests are in flight "
+            f"({'; '.join(s.missing[k] for k in thin)})"
+            if thin
+            else ""
+        )
+        return Diagnosis(
+            model_name=s.model_name,
+            at=s.at,
+            breaches=(),
+            cause=None,
+            summary=summary,
+            evidence=steady,
+            inconclusive=thin,
+        )
     th = rules.thresholds
     checks = {cause: _checks(cause, f, th) for cause in SYMPTOM_CAUSES}
     candidates = [cause for cause in SYMPTOM_CAUSES if checks[cause][0]]
@@ -612,10 +746,14 @@ def diagnose(s: Signals, rules: Rulebook, *, open_after: int = 1) -> Diagnosis:
         # Every breach maps to a cause above; this only guards against a future symptom
         # without one. Fall back on the symptom itself rather than staying silent.
         candidates = ["decode_bound" if f.itl_breach else "queue_bound"]
-    cause = candidates[0]
+    present = [c for c in SYMPTOM_CAUSES if c in candidates or _present(c, f, checks[c], rules)]
+    cause = keep if keep in present and keep in SYMPTOM_CAUSES else candidates[0]
+    confidence = {c: _confidence(checks[c]) for c in present}
     summary, limit = _summary(cause, s, f, rules)
     evidence = _evidence(s, f, rules)
     evidence["breaches"] = ",".join(breaches)
+    if cause != candidates[0]:
+        evidence["leading_cause"] = candidates[0]
     remediation = rules.remediation.get(cause, ())
     if limit is not None:
         evidence["decode_limit"] = limit
@@ -627,16 +765,21 @@ def diagnose(s: Signals, rules: Rulebook, *, open_after: int = 1) -> Diagnosis:
         if f.roofline is not None and limit == "unknown":
             evidence["decode_settings_suspect"] = ", ".join(roofline.suspect_settings(f.roofline))
         remediation = _decode_remediation(limit, f.roofline, rules, remediation)
+    contributing = _contributing(
+        primary=cause, present=present, confidence=confidence, s=s, f=f, rules=rules
+    )
     return Diagnosis(
         model_name=s.model_name,
         at=s.at,
         breaches=breaches,
         cause=cause,
-        confidence=_confidence(checks[cause]),
+        confidence=confidence[cause],
         summary=summary,
         evidence=evidence,
-        secondary=tuple(candidates[1:]),
+        secondary=tuple(c.cause for c in contributing),
         remediation=remediation,
+        contributing=contributing,
+        present=tuple(present),
     )
 
 

@@ -11,6 +11,18 @@ resolve an incident that is still going on. So for one window after the restore,
 evaluation without a breach does not count towards ending a restored incident (a breach
 counts at once); from then on the window holds only evidence seen since the restart, and
 the incident resolves after ``resolve_after`` clear evaluations as it always does.
+
+A clear evaluation that could not judge a latency SLO (too few observations in the
+window while requests were in flight, ``Diagnosis.inconclusive``) is no evidence that an
+open incident is over: for up to ``THIN_HOLD_WINDOWS`` windows such evaluations are kept
+from the tracker, as a frozen engine's are.
+
+While an incident is open its cause stays the primary one as long as its symptoms are
+present (``core.incidents`` decides when a challenger has led long enough to take
+over); until then the published diagnosis keeps the incident's cause and names the
+challenger as contributing. Confidence is smoothed while a model's cause stays the same
+(``CONFIDENCE_WEIGHT``), so one check flipping at its cut-off does not make the number
+jump window to window.
 """
 
 from __future__ import annotations
@@ -21,9 +33,19 @@ from dataclasses import dataclass, field
 
 from daemon.core.diagnose import diagnose
 from daemon.core.incidents import IncidentTracker, State, TrackRecord
-from daemon.core.model import Diagnosis, Signals, Snapshot, Transition
+from daemon.core.model import Cause, Diagnosis, Signals, Snapshot, Transition
 from daemon.core.rulebook import Rulebook
 from daemon.core.window import Window
+
+#: The weight of a new evaluation in a model's smoothed confidence (an exponentially
+#: weighted mean over about four evaluations), reported to the nearest 0.05.
+CONFIDENCE_WEIGHT = 0.25
+
+#: How long, in windows, clear evaluations that could not judge a latency SLO (too few
+#: observations with requests in flight) keep an open incident from resolving: long
+#: enough to ride out a sparse load's quiet minute, short enough that a trickle of
+#: traffic after the incident cannot keep it open for ever.
+THIN_HOLD_WINDOWS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,16 +70,27 @@ class Evaluator:
         window_seconds: float = 60.0,
         open_after: int = 3,
         resolve_after: int = 3,
+        change_cause_after: int | None = None,
+        reopen_within: int = 60,
     ) -> None:
         self.rulebook = rulebook
         self.window = Window(window_seconds, min_observations=rulebook.thresholds.min_observations)
-        self.incidents = IncidentTracker(open_after=open_after, resolve_after=resolve_after)
+        self.incidents = IncidentTracker(
+            open_after=open_after,
+            resolve_after=resolve_after,
+            change_cause_after=change_cause_after,
+            reopen_within=reopen_within,
+        )
         self.window_seconds = window_seconds
         #: Models restored with an incident, until one window has passed since the restore.
         self._warming: set[str] = set()
         self._warm_from: float | None = None
         #: The time of the last evaluation: a later one must be newer.
         self._last_at: float | None = None
+        #: Per model: the cause its confidence is smoothed for, and the unrounded mean.
+        self._confidence: dict[str, tuple[Cause, float]] = {}
+        #: Per model with an open incident: when its run of inconclusive clears began.
+        self._thin_since: dict[str, float] = {}
 
     def restore(self, records: tuple[TrackRecord, ...]) -> None:
         """Carry on from the incidents a previous run exported (see the module's note)."""
@@ -103,6 +136,33 @@ class Evaluator:
         self._last_at = at
         return self._judge(at, dict(signals), rulebooks or {}, problems)
 
+    def _diagnose(self, s: Signals, rules: Rulebook, *, keep: Cause | None = None) -> Diagnosis:
+        d = diagnose(s, rules, open_after=self.incidents.open_after, keep=keep)
+        if rules.provenance:
+            d = dataclasses.replace(d, evidence=dict(d.evidence) | dict(rules.provenance))
+        return d
+
+    def _thin(self, model: str, d: Diagnosis) -> bool:
+        """Whether ``d`` is a clear evaluation too thin to count against an open incident
+        (see the module's note): only for a while, from the first of them in a row."""
+        if d.breached or not d.inconclusive or self.incidents.open_cause(model) is None:
+            self._thin_since.pop(model, None)
+            return False
+        since = self._thin_since.setdefault(model, d.at)
+        return d.at - since < THIN_HOLD_WINDOWS * self.window_seconds
+
+    def _steady_confidence(self, model: str, d: Diagnosis) -> Diagnosis:
+        """``d`` with its confidence smoothed while the model's cause stays the same."""
+        if d.cause is None:
+            self._confidence.pop(model, None)
+            return d
+        before = self._confidence.get(model)
+        mean = d.confidence
+        if before is not None and before[0] == d.cause:
+            mean = before[1] + CONFIDENCE_WEIGHT * (d.confidence - before[1])
+        self._confidence[model] = (d.cause, mean)
+        return dataclasses.replace(d, confidence=round(round(mean * 20) / 20, 2))
+
     def _judge(
         self,
         at: float,
@@ -114,16 +174,26 @@ class Evaluator:
         transitions: list[Transition] = []
         for model in sorted(signals):
             rules = rulebooks.get(model, self.rulebook)
-            d = diagnose(signals[model], rules, open_after=self.incidents.open_after)
-            if rules.provenance:
-                d = dataclasses.replace(d, evidence=dict(d.evidence) | dict(rules.provenance))
-            diagnoses[model] = d
+            d = self._diagnose(signals[model], rules)
             # Two reasons to keep a verdict from the tracker: the diagnosis itself has
             # none (a frozen engine, not yet stalled), or it is a clear evaluation too
             # early after a restore to count towards resolving.
-            if not d.held and not self._warming_up(model, d, at):
-                transitions.extend(self.incidents.observe(d))
+            moved: list[Transition] = []
+            if not d.held and not self._warming_up(model, d, at) and not self._thin(model, d):
+                moved = self.incidents.observe(d)
+            # The tracker has counted the leading cause; what is published keeps the
+            # open incident's cause while it is still present, the leader contributing.
+            kept = self.incidents.open_cause(model)
+            if kept is not None and d.cause not in (None, kept) and kept in d.present:
+                d = self._diagnose(signals[model], rules, keep=kept)
+            d = self._steady_confidence(model, d)
+            diagnoses[model] = d
+            transitions.extend(dataclasses.replace(t, diagnosis=d) for t in moved)
         self.incidents.forget_clear(set(diagnoses))
+        for model in set(self._confidence) - set(diagnoses):
+            del self._confidence[model]
+        for model in set(self._thin_since) - set(diagnoses):
+            del self._thin_since[model]
         return Evaluation(
             at=at,
             accepted=True,

@@ -234,9 +234,10 @@ class Signals:
     iteration_tokens: Histogram | None = None
     iteration_tokens_mean: float | None = None
     iteration_steps: float = 0.0
-    #: Running requests and KV usage averaged over the scrapes that found requests
-    #: running: what a decode step reads while there are steps (ITL samples exist only
-    #: then), undiluted by idle moments in the window.
+    #: Running requests averaged over the scrapes that found requests running, and KV
+    #: usage averaged over them weighted by the requests running: what the mean decode
+    #: step reads (ITL samples exist only while requests run, one per request per step,
+    #: so a step serving more requests weighs more), undiluted by idle moments.
     running_busy_mean: float | None = None
     kv_usage_busy_mean: float | None = None
     #: Speculative decoding's window increases: drafts (one per request per step),
@@ -301,6 +302,17 @@ Evidence = Mapping[str, float | int | str | bool | None]
 
 
 @dataclass(frozen=True, slots=True)
+class Contribution:
+    """A cause whose symptoms are present beside the primary one (``docs/physics.md``,
+    "Contributing causes"): ``share`` is its part of the evidence (its confidence over the
+    sum of the primary's and every contributor's), ``evidence`` one line of what shows it."""
+
+    cause: Cause
+    share: float
+    evidence: str
+
+
+@dataclass(frozen=True, slots=True)
 class Diagnosis:
     """One evaluation's verdict for one model.
 
@@ -321,6 +333,14 @@ class Diagnosis:
     secondary: tuple[Cause, ...] = ()
     remediation: tuple[str, ...] = ()
     held: bool = False
+    #: ``secondary`` with each cause's share and evidence, in causal order.
+    contributing: tuple[Contribution, ...] = ()
+    #: Every cause whose symptoms are present, the primary included: an open incident
+    #: keeps its cause while that cause is still among them (``core.incidents``).
+    present: tuple[Cause, ...] = ()
+    #: The latency SLOs this clear evaluation could not judge: too few observations in
+    #: the window while requests were in flight (absence of data, not health).
+    inconclusive: tuple[str, ...] = ()
 
     @property
     def breached(self) -> bool:
@@ -339,8 +359,10 @@ class Reason(enum.StrEnum):
 class Transition:
     """An incident changing state: what a notifier sends and ``replay`` prints.
 
-    One alert identity per (model, cause): when the cause of an open incident changes,
-    the old identity resolves and the new one fires, both with reason ``cause_changed``.
+    One alert identity per episode, from open to resolve: it is named for the cause the
+    episode opened with (``opened_as``), keeps ``started_at`` across cause changes, and a
+    change of cause is a ``firing`` transition with reason ``cause_changed`` that names
+    the cause it replaces (``previous_cause``) and why (``change``).
     """
 
     event: Literal["firing", "resolved"]
@@ -350,3 +372,14 @@ class Transition:
     at: float
     started_at: float
     diagnosis: Diagnosis
+    #: The cause the episode opened with (its alert identity); ``cause`` is the current one.
+    opened_as: Cause | None = None
+    previous_cause: Cause | None = None
+    change: str = ""
+    #: A change of cause inside the episode (the same alert, told again), as opposed to a
+    #: firing that opens one (``opened``, or a stall's own episode after a slow one).
+    continues: bool = False
+
+    @property
+    def identity_cause(self) -> Cause:
+        return self.opened_as or self.cause

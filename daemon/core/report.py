@@ -28,6 +28,9 @@ def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
         "evidence": evidence,
         "remediation": list(d.remediation),
         "secondary": list(d.secondary),
+        "contributing": [
+            {"cause": c.cause, "share": c.share, "evidence": c.evidence} for c in d.contributing
+        ],
     }
 
 
@@ -39,6 +42,10 @@ def transition_dict(t: Transition, *, target: str | None = None) -> dict[str, An
         "model_name": t.model_name,
         "at": t.at,
         "started_at": t.started_at,
+        # The episode's alert identity, and for a change of cause what it replaced and why.
+        "opened_as": t.identity_cause,
+        "previous_diagnosis": t.previous_cause,
+        "change": t.change or None,
         **diagnosis_dict(t.diagnosis),
     }
     if target is not None:
@@ -55,15 +62,22 @@ def transition_text(t: Transition) -> str:
     when = iso(t.at)
     model = t.model_name or "(no model_name)"
     if t.event == "firing":
-        lines = [
-            f"{when}  FIRING    {t.cause:<13}  {model}  confidence {d.confidence:.2f}"
-            + (f"  (was {t.reason})" if t.reason != "opened" else ""),
-            f"    {d.summary}",
-        ]
-        if d.secondary:
+        head = f"{when}  FIRING    {t.cause:<13}  {model}  confidence {d.confidence:.2f}"
+        if t.previous_cause is not None:
+            head += f"  (cause changed from {t.previous_cause})"
+        lines = [head]
+        if t.change:
+            lines.append(f"    changed: {t.change}")
+        lines.append(f"    {d.summary}")
+        lines.extend(
+            f"    also: {c.cause} ({c.share:.0%} of the evidence): {c.evidence}"
+            for c in d.contributing
+        )
+        if d.secondary and not d.contributing:
             lines.append(f"    also: {', '.join(d.secondary)}")
         lines.extend(f"    fix: {item}" for item in d.remediation[:3])
         return "\n".join(lines)
     lasted = t.at - t.started_at
     why = "cause changed" if t.reason == "cause_changed" else "clear again"
-    return f"{when}  RESOLVED  {t.cause:<13}  {model}  after {lasted:.0f} s ({why})"
+    opened = f", opened as {t.identity_cause}" if t.identity_cause != t.cause else ""
+    return f"{when}  RESOLVED  {t.cause:<13}  {model}  after {lasted:.0f} s ({why}{opened})"

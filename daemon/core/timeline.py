@@ -76,10 +76,22 @@ def setting_values(rules: Rulebook) -> dict[str, float]:
 
 
 @dataclass(frozen=True, slots=True)
-class Incident:
-    """One alert identity's life: from its firing transition to its resolved one.
+class CauseChange:
+    """An open incident's cause changing (``core.incidents``): when, from what, why."""
 
-    ``diagnosis`` is the one that fired it (its evidence decided the cause); an incident
+    at: float
+    previous: str
+    cause: str
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """One episode's life: from its firing transition to its resolved one.
+
+    ``cause`` is its cause at the end (or now), ``opened_as`` the one it opened with (its
+    alert identity), ``changes`` each change of cause in between; ``diagnosis`` is the
+    one that decided the current cause (the firing, or the last change). An incident
     whose firing is not known any more (the status page keeps the last few transitions)
     has the resolving one and ``opened_because`` None. ``ended_at`` is None while it fires.
     """
@@ -91,6 +103,18 @@ class Incident:
     opened_because: Reason | None
     ended_at: float | None = None
     closed_because: Reason | None = None
+    opened_as: str = ""
+    changes: tuple[CauseChange, ...] = ()
+
+    def segments(self) -> list[tuple[float, float | None, str]]:
+        """(start, end, cause) for each stretch of one cause; the last ends with it."""
+        starts = [(self.started_at, self.opened_as or self.cause)]
+        starts += [(c.at, c.cause) for c in self.changes]
+        ends: list[float | None] = [at for at, _ in starts[1:]]
+        return [
+            (at, end, cause)
+            for (at, cause), end in zip(starts, [*ends, self.ended_at], strict=True)
+        ]
 
 
 def incidents(transitions: Iterable[Transition]) -> list[Incident]:
@@ -98,6 +122,15 @@ def incidents(transitions: Iterable[Transition]) -> list[Incident]:
     out: list[Incident] = []
     open_at: dict[str, int] = {}  # model -> index in ``out`` of its open incident
     for t in transitions:
+        index = open_at.get(t.model_name)
+        if t.continues and t.previous_cause is not None and index is not None:
+            # The same episode under another cause: one incident, one more change.
+            i = out[index]
+            change = CauseChange(at=t.at, previous=t.previous_cause, cause=t.cause, why=t.change)
+            out[index] = dataclasses.replace(
+                i, cause=t.cause, diagnosis=t.diagnosis, changes=(*i.changes, change)
+            )
+            continue
         if t.event == "firing":
             open_at[t.model_name] = len(out)
             out.append(
@@ -107,11 +140,12 @@ def incidents(transitions: Iterable[Transition]) -> list[Incident]:
                     started_at=t.started_at,
                     diagnosis=t.diagnosis,
                     opened_because=t.reason,
+                    opened_as=t.identity_cause,
                 )
             )
             continue
         index = open_at.pop(t.model_name, None)
-        if index is None or out[index].cause != t.cause:
+        if index is None or out[index].opened_as != t.identity_cause:
             out.append(
                 Incident(
                     model_name=t.model_name,
@@ -121,6 +155,7 @@ def incidents(transitions: Iterable[Transition]) -> list[Incident]:
                     opened_because=None,
                     ended_at=t.at,
                     closed_because=t.reason,
+                    opened_as=t.identity_cause,
                 )
             )
             continue

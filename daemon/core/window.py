@@ -375,7 +375,11 @@ class Window:
         kv = _gauge([m.kv_usage for m in series])
         kv_max = max((m.kv_usage_max for m in series if m.kv_usage_max is not None), default=None)
         busy = [m for m in series if m.running]
-        busy_kv = [m.kv_usage for m in busy if m.kv_usage is not None]
+        # KV usage weighted by the requests running: the mean ITL weighs each step by the
+        # requests it served, so the KV a mean step reads is weighted the same way (on a
+        # batch that grows through the window, a plain mean lags the step it explains).
+        weighted = [(m.kv_usage, m.running or 0.0) for m in busy if m.kv_usage is not None]
+        weight = sum(w for _, w in weighted)
 
         # Counters and histograms: the steps after the window's first snapshot.
         counters, hists, layout_changed = _window_deltas(
@@ -399,7 +403,7 @@ class Window:
             waiting=_gauge([m.waiting for m in series]),
             kv_usage=GaugeStats(kv.mean, kv_max if kv_max is not None else kv.max, kv.min),
             running_busy_mean=(sum(m.running or 0.0 for m in busy) / len(busy) if busy else None),
-            kv_usage_busy_mean=sum(busy_kv) / len(busy_kv) if busy_kv else None,
+            kv_usage_busy_mean=sum(u * w for u, w in weighted) / weight if weight > 0 else None,
             engines=newest_series.engines if newest_series is not None else 1,
             kv_pool_tokens=newest.kv_pool.tokens if newest.kv_pool is not None else None,
             layout_changed=frozenset(layout_changed),

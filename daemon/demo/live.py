@@ -30,7 +30,7 @@ from typing import Any
 from daemon.core.model import Transition
 from daemon.core.report import transition_text
 from daemon.demo.expectations import Event, Segment, problems, segments
-from daemon.demo.offline import START_AT, TAIL_S, expected_of
+from daemon.demo.offline import START_AT, TAIL_S, expected_of, scenario_facts
 from daemon.demo.sink import WebhookSink
 from daemon.demo.tour_report import LiveRecorder, demo_folder
 from daemon.demo.view import DemoTarget, render, status_lines
@@ -56,18 +56,6 @@ def scaled_clock(speed: float, origin: float = START_AT) -> Callable[[], float]:
     """Unix time that runs ``speed`` times faster than the wall, from ``origin``."""
     t0 = time.monotonic()
     return lambda: origin + (time.monotonic() - t0) * speed
-
-
-def _hardware(scenario: Scenario) -> dict[str, Any]:
-    """The target's card and model, for its decode ceiling. None for a scenario that swaps
-    cards between phases: no one ceiling is true for all of it."""
-    if any(p.spec is not None for p in scenario.phases):
-        return {}
-    spec = scenario.spec
-    return {
-        "hardware": {"gpu": spec.gpu, "memory_bandwidth_gb_s": spec.memory_bandwidth_gb_s},
-        "model": {"parameters_billion": spec.weight_bytes / 2 / 1e9, "dtype": "bfloat16"},
-    }
 
 
 def shared_slo(scenarios: Mapping[str, Scenario]) -> dict[str, float]:
@@ -162,7 +150,8 @@ def demo_settings(
             "scrape_timeout_seconds": 10.0,
             "shutdown_grace_seconds": 5.0,
             "targets": [
-                {"name": name, "url": urls[name], **_hardware(s)} for name, s in scenarios.items()
+                {"name": name, "url": urls[name], **scenario_facts(s)}
+                for name, s in scenarios.items()
             ],
             "receivers": [
                 {
@@ -352,11 +341,14 @@ class _Demo:
                 labels = alert.get("labels", {})
                 firing = alert.get("status") == "firing"
                 at = _when(alert["startsAt"] if firing else alert["endsAt"]) - START_AT
-                key = (labels.get("target", "?"), alert.get("status", ""), labels["diagnosis"], at)
+                # The labels name the cause the incident opened with; the annotation its
+                # cause now (a change of cause is the same alert, told again).
+                cause = alert.get("annotations", {}).get("cause", labels["diagnosis"])
+                key = (labels.get("target", "?"), alert.get("status", ""), cause, at)
                 if key in seen:  # a repeat notification of the same alert
                     continue
                 seen.add(key)
-                event = Event(at, "firing" if firing else "resolved", labels["diagnosis"])
+                event = Event(at, "firing" if firing else "resolved", cause)
                 res.events.setdefault(key[0], []).append(event)
         for events in res.events.values():
             events.sort(key=lambda e: e.at)

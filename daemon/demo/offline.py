@@ -9,16 +9,14 @@ told that hardware, so the decode ceiling in the evidence is the simulated card'
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from daemon.assemble import build_evaluator, build_rulebook
-from daemon.ceiling.resolve import build_ceiling
+from daemon.assemble import build_evaluator
 from daemon.core.model import Cause, Transition
 from daemon.core.parse import SnapshotParser
-from daemon.core.rulebook import Ceiling
 from daemon.demo.expectations import Event, problems, segments
 from daemon.recording import write_atomically
 from daemon.settings import Settings, load_settings
@@ -49,10 +47,39 @@ def default_duration(scenario: Scenario) -> float:
     return scenario.duration_s + TAIL_S
 
 
+def scenario_facts(scenario: Scenario) -> dict[str, Any]:
+    """What a user would tell the daemon about the simulated server: its card (bandwidth,
+    and the compute its kernels reach) and its model (weights, KV bytes per token, a
+    draft model), so the decode roofline has every term the simulator's step pays for.
+    Empty for a scenario that swaps cards between phases: no one card is true for all of
+    it. A mixture of experts is left to its ``config.json`` (the scenario holds no config
+    file to point at), so only its non-routed weights are said here."""
+    if any(p.spec is not None for p in scenario.phases):
+        return {}
+    spec = scenario.spec
+    hardware: dict[str, Any] = {
+        "gpu": spec.gpu or None,
+        "memory_bandwidth_gb_s": spec.memory_bandwidth_gb_s,
+        "compute_tflops": spec.compute_tflops * spec.compute_efficiency,
+    }
+    model: dict[str, Any] = {
+        "parameters_billion": spec.weight_bytes / 2 / 1e9,
+        "dtype": "bfloat16",
+        "kv_bytes_per_token": spec.kv_bytes_per_token,
+    }
+    if spec.draft_weight_bytes > 0:
+        model["draft_parameters_billion"] = spec.draft_weight_bytes / 2 / 1e9
+        model["draft_kv_bytes_per_token"] = spec.draft_kv_bytes_per_token or None
+    return {"hardware": hardware, "model": model}
+
+
 def scenario_settings(scenario: Scenario, config: str | None) -> Settings:
     """The settings a scenario is judged with: its own ``slo:`` over the defaults, then
-    the user's ``config`` file and ``VLLM_TRIAGE_*`` variables, which win."""
-    return load_settings(config, base={"slo": dict(scenario.slo)} if scenario.slo else None)
+    the user's ``config`` file and ``VLLM_TRIAGE_*`` variables, which win; the simulated
+    server's card and model (``scenario_facts``) over everything, since they are the
+    truth of what is simulated."""
+    base = {"slo": dict(scenario.slo)} if scenario.slo else None
+    return load_settings(config, scenario_facts(scenario) or None, base=base)
 
 
 def events_of(transitions: list[Transition], start_at: float) -> list[Event]:
@@ -77,11 +104,6 @@ def describe(scenario: Scenario) -> str:
     if scenario.slo:
         text += "; its own SLO: " + ", ".join(f"{k} {v:g}" for k, v in scenario.slo.items())
     return text
-
-
-def ceiling_of(scenario: Scenario) -> Ceiling:
-    spec = scenario.spec
-    return build_ceiling(spec.gpu or None, spec.memory_bandwidth_gb_s, spec.weight_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +131,7 @@ def run_scenario(
     """Simulate one scenario and diagnose every scrape of it, then check the transitions
     against what each phase was built to show (``demo.expectations``)."""
     scenario = get_scenario(name)
-    rulebook = dataclasses.replace(build_rulebook(settings), ceiling=ceiling_of(scenario))
-    evaluator = build_evaluator(settings, rulebook)
+    evaluator = build_evaluator(settings)
     parser = SnapshotParser()
     transitions: list[Transition] = []
     scrapes = 0

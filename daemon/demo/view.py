@@ -57,13 +57,16 @@ def _incident_lines(
     since = _clock(incident.started_at - start_at)
     head = f"    diagnosis: {incident.cause.upper()} (since {since})"
     if view.states.get(model) is State.RESOLVING:
-        n, m = view.clear_runs.get(model, 0), view.resolve_after
+        n = view.clear_runs.get(model, 0)
+        m = view.resolve_needed.get(model, view.resolve_after)
         return [
             f"{head}, clearing: {n} of {m} clear evaluations",
             f"      the SLOs are met again; it resolves after {m} in a row",
         ]
     if d.cause is not None and d.cause != incident.cause:
         return [f"{head}, firing; this evaluation points at {d.cause}"]
+    if d.cause is None and d.inconclusive:
+        return [f"{head}, firing; this evaluation could not judge it", f"      {d.summary}"]
     lines = [f"{head}, firing, confidence {d.confidence:.2f}"]
     if d.summary:
         lines.append(f"      {d.summary}")
@@ -73,6 +76,10 @@ def _incident_lines(
 
 def _transition_line(t: Transition, start_at: float) -> str:
     when = _clock(t.at - start_at)
+    if t.event == "firing" and t.previous_cause is not None:
+        return (
+            f"{when}  FIRING    {t.cause:<13}  (cause changed from {t.previous_cause}) {t.change}"
+        )
     if t.event == "firing":
         return f"{when}  FIRING    {t.cause:<13}  {t.diagnosis.summary}"
     return f"{when}  RESOLVED  {t.cause:<13}  after {t.at - t.started_at:.0f} s"

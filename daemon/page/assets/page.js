@@ -201,13 +201,30 @@
     if (i.breach_began !== null && i.breach_began < i.start) when += "; breached from " + fmtClock(i.breach_began) + ", fired after " + fmtDuration(i.start - i.breach_began);
     var head = [c.label, i.end === null ? el("span", { class: "vt-open", text: "  FIRING" }) : null, "  · confidence " + i.confidence.toFixed(2)];
     if (i.opened_because === "cause_changed") head.push("  · took over from the previous cause");
+    var changes = i.changes || [];
+    if (changes.length) head.push("  · opened as " + causeOf(doc, i.opened_as).label);
     var parts = [
       el("h3", null, head),
       el("div", { class: "vt-when", text: when }),
+    ];
+    if (changes.length) {
+      parts.push(el("ul", { class: "vt-changes" }, changes.map(function (ch) {
+        return el("li", { "data-change": String(ch.at), text: fmtClock(ch.at) + "  cause changed from " + causeOf(doc, ch.from).label + " to " + causeOf(doc, ch.to).label + ": " + ch.why });
+      })));
+    }
+    parts = parts.concat([
       el("div", { class: "vt-summary", text: i.summary || "(resolved before its evidence was kept)" }),
-    ].concat(evidenceTable(doc, section, i));
+    ]).concat(evidenceTable(doc, section, i));
     if (i.breaches.length) parts.push(el("div", { class: "vt-muted", text: "SLOs breached: " + i.breaches.join(", ") }));
-    parts.push(el("div", null, [el("strong", { text: "Contributing: " }), i.secondary.length ? i.secondary.map(function (k) { return causeOf(doc, k).label; }).join(", ") : "none"]));
+    var contributing = i.contributing || [];
+    if (contributing.length) {
+      parts.push(el("div", null, [el("strong", { text: "Contributing:" })]));
+      parts.push(el("ul", { class: "vt-contributing" }, contributing.map(function (k) {
+        return el("li", { "data-cause": k.cause, text: causeOf(doc, k.cause).label + " (" + Math.round(k.share * 100) + " % of the evidence): " + k.evidence });
+      })));
+    } else {
+      parts.push(el("div", null, [el("strong", { text: "Contributing: " }), i.secondary.length ? i.secondary.map(function (k) { return causeOf(doc, k).label; }).join(", ") : "none"]));
+    }
     if (i.remediation.length) {
       parts.push(el("div", null, [el("strong", { text: "What to change:" })]));
       parts.push(el("ol", null, i.remediation.map(function (r) { return el("li", { text: r }); })));
@@ -243,17 +260,18 @@
     var xmax = u.scales.x.max;
     function x(t) { return u.valToPos(t, "x"); }
     section.incidents.forEach(function (i) {
-      var c = causeOf(doc, i.cause);
-      var end = i.end === null ? xmax : i.end;
+      // One band per stretch of one cause: an episode that changed cause is shaded by
+      // each cause in turn (the lead-up before it fired in the cause it opened with).
+      var segments = i.segments && i.segments.length ? i.segments : [{ start: i.start, end: i.end, cause: i.cause }];
       var pieces = [];
-      if (i.breach_began !== null && i.breach_began < i.start) pieces.push([i.breach_began, i.start, " vt-pending"]);
-      pieces.push([i.start, end, ""]);
+      if (i.breach_began !== null && i.breach_began < i.start) pieces.push([i.breach_began, i.start, " vt-pending", segments[0].cause]);
+      segments.forEach(function (g) { pieces.push([g.start, g.end === null ? xmax : g.end, "", g.cause]); });
       pieces.forEach(function (p) {
         var left = Math.max(0, x(p[0])), right = Math.min(width, x(p[1]));
         if (right < 0 || left > width) return;
         overlay.appendChild(el("div", {
-          class: "vt-band" + p[2], "data-incident": i.id, "data-cause": i.cause,
-          style: { left: left + "px", width: Math.max(2, right - left) + "px", background: c.color },
+          class: "vt-band" + p[2], "data-incident": i.id, "data-cause": p[3],
+          style: { left: left + "px", width: Math.max(2, right - left) + "px", background: causeOf(doc, p[3]).color },
         }));
       });
     });
