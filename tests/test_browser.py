@@ -49,7 +49,8 @@ return {
       [p.dataset.section, p.dataset.panel, !!p.querySelector('canvas'),
        p.querySelector('canvas') ? p.querySelector('canvas').width : 0]),
   bands: [...document.querySelectorAll('.vt-band:not(.vt-pending)')].map(b =>
-      [panel(b).dataset.panel, b.dataset.incident, b.getBoundingClientRect().width]),
+      [panel(b).dataset.panel, b.dataset.incident, b.getBoundingClientRect().width,
+       b.dataset.cause]),
   markers: [...document.querySelectorAll('.vt-marker')].map(m =>
       [panel(m).dataset.panel, Number(m.dataset.at)]),
   cards: [...document.querySelectorAll('article.vt-incident')].map(a => a.dataset.incident),
@@ -93,7 +94,8 @@ def check_drawn(driver: Chrome, doc: dict[str, Any]) -> dict[str, Any]:
         assert all(p[2] and p[3] > 0 for p in mine), mine  # a uPlot canvas with a size
         for incident in section["incidents"]:
             banded = [b for b in shown["bands"] if b[1] == incident["id"]]
-            assert sorted(b[0] for b in banded) == sorted(PANELS), incident["id"]
+            stretches = len(incident["segments"])  # one band per cause it had, in turn
+            assert sorted(b[0] for b in banded) == sorted(PANELS * stretches), incident["id"]
             assert all(b[2] >= 2 for b in banded)
             assert incident["id"] in shown["cards"]
         marked = sorted(m[1] for m in shown["markers"] if m[0] == PANELS[0])
@@ -118,6 +120,46 @@ def test_each_committed_recording(browser: Chrome, shots: Path, tmp_path: Path, 
     else:
         assert "No incident" in shown["text"]
     full_page_screenshot(browser, shots / f"report-{name}.png")
+
+
+def test_an_incident_that_changed_cause(browser: Chrome, shots: Path, tmp_path: Path) -> None:
+    """One incident whose cause changed (the steady chat load): one card that says it
+    opened as prefill_bound, lists the change with its reason and the contributing cause
+    with its share, and in every panel two bands, one per cause, in turn."""
+    scenario = Path(__file__).parent / "fixtures" / "scenarios" / "steady_chat.yaml"
+    made = vllm_triage(
+        "simulate",
+        "--scenario",
+        str(scenario),
+        "--record",
+        "rec",
+        "--duration",
+        "600",
+        cwd=tmp_path,
+    )
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "steady.yaml").write_text(
+        "slo: {itl_p99_seconds: 0.015}\nhardware: {gpu: H100, compute_tflops: 494.7}\n"
+        "model: {parameters_billion: 8.03, dtype: bfloat16, kv_bytes_per_token: 131072}\n",
+        encoding="utf-8",
+    )
+    settings = load_settings(tmp_path / "steady.yaml")
+    out = write_report(tmp_path / "rec", settings, tmp_path / "steady.html")
+    clean(load(browser, out.path.as_uri()))
+    doc = inline_document(out.path)
+    (incident,) = doc["sections"][0]["incidents"]
+    assert [g["cause"] for g in incident["segments"]] == ["prefill_bound", "decode_bound"]
+    shown = check_drawn(browser, doc)
+    for panel_id in PANELS:
+        causes = [b[3] for b in shown["bands"] if b[0] == panel_id]
+        assert causes == ["prefill_bound", "decode_bound"], panel_id
+    card = browser.find_element(By.CSS_SELECTOR, "article.vt-incident").text
+    assert "opened as" in card and "cause changed from" in card
+    assert "led for 24 evaluations" in card
+    assert "% of the evidence)" in card and "prefill chunks" in card
+    glance = browser.find_element(By.CSS_SELECTOR, "ol.vt-glance").text
+    assert "opened as prefill-bound, decode-bound from 00:02:25" in glance
+    full_page_screenshot(browser, shots / "report-cause-change.png")
 
 
 def test_hovering_a_marker_says_the_transition(browser: Chrome, tmp_path: Path) -> None:

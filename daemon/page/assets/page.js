@@ -156,14 +156,21 @@
     out.push(el("ol", { class: "vt-glance" }, all.map(function (pair) {
       var s = pair[0], i = pair[1], c = causeOf(doc, i.cause);
       var end = i.end === null ? "still firing" : fmtClock(i.end) + " (" + fmtDuration(i.end - i.start) + ")";
+      var changed = (i.changes || []).map(function (ch) {
+        return ", " + causeOf(doc, ch.to).label + " from " + fmtClock(ch.at);
+      }).join("");
+      var opened = changed ? " (opened as " + causeOf(doc, i.opened_as).label + changed + ")" : "";
       return el("li", null, [
         el("span", { class: "vt-swatch", style: { background: c.color } }),
         el("a", { href: "#" + i.id, text: c.label }),
-        " " + fmtClock(i.start) + " → " + end + (doc.sections.length > 1 ? " on " + s.title : "") + ": " + i.summary,
+        opened + " " + fmtClock(i.start) + " → " + end + (doc.sections.length > 1 ? " on " + s.title : "") + ": " + i.summary,
       ]);
     })));
     var causes = {};
-    all.forEach(function (p) { causes[p[1].cause] = true; });
+    all.forEach(function (p) {
+      causes[p[1].cause] = true;
+      (p[1].segments || []).forEach(function (g) { causes[g.cause] = true; });
+    });
     out.push(el("div", { class: "vt-legend" }, Object.keys(causes).map(function (k) {
       var c = causeOf(doc, k);
       return el("span", null, [el("span", { class: "vt-swatch", style: { background: c.color } }), c.label]);
