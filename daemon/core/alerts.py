@@ -186,7 +186,8 @@ def _common(maps: Sequence[Mapping[str, str]]) -> dict[str, str]:
 
 
 #: Alertmanager's default route groups by ``alertname``; we group by identity, so that a
-#: receiver that keys on ``groupKey`` sees one group per (target, model, diagnosis).
+#: receiver that keys on ``groupKey`` sees one group per incident (target, model, and the
+#: cause it opened with).
 GROUP_BY = ("alertname", "target", "model_name")
 
 
