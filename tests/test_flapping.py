@@ -15,18 +15,25 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
+import structlog.testing
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
+from daemon.api import target_json
 from daemon.assemble import build_evaluator, build_rulebook
 from daemon.core.diagnose import diagnose
 from daemon.core.evaluate import Evaluation
 from daemon.core.model import Cause, Diagnosis, Transition
 from daemon.core.parse import SnapshotParser
-from daemon.demo.offline import run_scenario, scenario_settings
+from daemon.demo.offline import run_scenario, scenario_facts, scenario_settings
+from daemon.exporter import build_registry
 from daemon.replay import replay
-from daemon.settings import load_settings
+from daemon.settings import TargetSettings, load_settings
 from daemon.simulator import get_scenario, record
 from daemon.simulator.scenario_files import scenario_names
+from daemon.watcher import TargetWatcher
 
 from clirun import vllm_triage
 
@@ -268,3 +275,50 @@ def test_the_readme_example_is_what_replay_prints(tmp_path: Path) -> None:
         if line.endswith("..."):
             assert any(p.startswith(line[:-3].rstrip(" ;,")) for p in printed), line
     assert "replayed 181 files (0 skipped): 2 transitions" in out.stderr + out.stdout
+
+
+def test_a_cause_change_in_the_exports_and_the_api() -> None:
+    """A real watcher fed the steady chat load (the scenario's card and model as a user
+    would set them): one incident opened, one cause change counted, the contributing
+    cause's share exported, and the API naming the incident's identity and the change."""
+    scenario = get_scenario(str(SCENARIOS / "steady_chat.yaml"))
+    settings = scenario_settings(scenario, None)
+    target = TargetSettings.model_validate(
+        {"name": "chat", "url": "http://127.0.0.1:1/metrics", **scenario_facts(scenario)}
+    )
+    watcher = TargetWatcher(target, settings, client=httpx.AsyncClient(), notifier=None)
+    parser = SnapshotParser()
+    with structlog.testing.capture_logs() as logs:
+        for at, body in record(scenario, start_at=START_AT, interval_s=INTERVAL, duration_s=600):
+            watcher.state.attempted(at)
+            watcher.consume(parser.parse(body, at))
+    registry = build_registry(lambda: [watcher.state], lambda: [], process_metrics=False)
+    text = generate_latest(registry).decode("utf-8")
+    changes = [
+        (s.labels["diagnosis"], s.value)
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "vllm_triage_incident_cause_changes_total"
+    ]
+    assert changes == [("decode_bound", 1.0)]
+    opened = [
+        s
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "vllm_triage_incidents_opened_total"
+    ]
+    assert [(s.labels["diagnosis"], s.value) for s in opened] == [("prefill_bound", 1.0)]
+    shares = {
+        s.labels["diagnosis"]: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "vllm_triage_contributing"
+    }
+    assert 0 < shares.pop("prefill_bound") < 0.5 and set(shares.values()) == {0.0}
+    (model,) = target_json(watcher.state)["models"]
+    assert model["diagnosis"] == "decode_bound"
+    assert model["incident_opened_as"] == "prefill_bound"
+    assert [c["cause"] for c in model["contributing"]] == ["prefill_bound"]
+    changed = [e for e in logs if e.get("cause_changed_from") == "prefill_bound"]
+    assert len(changed) == 1 and changed[0]["event"] == "incident_firing"
+    assert changed[0]["opened_as"] == "prefill_bound" and "led for 24" in changed[0]["change"]
