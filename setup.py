@@ -43,7 +43,7 @@ class BuildPyWithCommit(build_py):
         super().run()
         commit = _commit()
         if commit:
-            target = Path(self.build_lib) / "daemon" / "_commit.txt"
+            target = Path(self.build_lib) / "vllm_triage" / "_commit.txt"
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(commit + "\n", encoding="utf-8")
 

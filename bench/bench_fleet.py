@@ -66,8 +66,8 @@ def proc_cpu_s(pid: int) -> float:
 def series_of(scenario: str, t0: float) -> dict[str, list[tuple[str, list[str]]]]:
     """{name: [(labels, values at each sample)]} of one scenario, the series the fleet
     reads, sampled SAMPLES times STEP apart from t0."""
-    from daemon.core.names import SAMPLES as READ
-    from daemon.simulator import get_scenario, record
+    from vllm_triage.core.names import SAMPLES as READ
+    from vllm_triage.simulator import get_scenario, record
 
     from fleet_sim import relabel
 
@@ -124,10 +124,10 @@ def _measure(n: int, url: str, end: float, out: Any) -> None:
     import httpx
     from prometheus_client import generate_latest
 
-    from daemon.exporter import build_registry
-    from daemon.fleet import PrometheusSource
-    from daemon.logs import configure
-    from daemon.settings import load_settings
+    from vllm_triage.exporter import build_registry
+    from vllm_triage.fleet import PrometheusSource
+    from vllm_triage.logs import configure
+    from vllm_triage.settings import load_settings
 
     configure("error", json=True)
     slices = "|".join(str(k) for k in range((n + SLICE - 1) // SLICE))

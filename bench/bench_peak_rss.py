@@ -38,11 +38,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from daemon.core.alerts import firing_alert
-from daemon.core.model import Diagnosis, Reason, Transition
-from daemon.core.parse import SnapshotParser
-from daemon.receivers import Notification, build_receiver
-from daemon.settings import load_settings
+from vllm_triage.core.alerts import firing_alert
+from vllm_triage.core.model import Diagnosis, Reason, Transition
+from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.receivers import Notification, build_receiver
+from vllm_triage.settings import load_settings
 
 from payloads import many_models
 

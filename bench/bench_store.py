@@ -30,14 +30,14 @@ from pathlib import Path
 import httpx
 import structlog
 
-from daemon.core.alerts import firing_alert
-from daemon.core.dedup import LastSent
-from daemon.core.incidents import State, TrackRecord
-from daemon.core.model import Diagnosis, Reason, Transition
-from daemon.notifier import Notifier
-from daemon.receivers import Notification
-from daemon.settings import load_settings
-from daemon.store import StateStore
+from vllm_triage.core.alerts import firing_alert
+from vllm_triage.core.dedup import LastSent
+from vllm_triage.core.incidents import State, TrackRecord
+from vllm_triage.core.model import Diagnosis, Reason, Transition
+from vllm_triage.notifier import Notifier
+from vllm_triage.receivers import Notification
+from vllm_triage.settings import load_settings
+from vllm_triage.store import StateStore
 
 N = 2000
 T0 = 1_800_000_000.0

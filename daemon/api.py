@@ -15,11 +15,11 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from daemon.core.model import Transition
-from daemon.core.report import diagnosis_dict, iso, transition_dict
-from daemon.probe import ProbeStats
-from daemon.redact import safe_url
-from daemon.state import TargetState
+from vllm_triage.core.model import Transition
+from vllm_triage.core.report import diagnosis_dict, iso, transition_dict
+from vllm_triage.probe import ProbeStats
+from vllm_triage.redact import safe_url
+from vllm_triage.state import TargetState
 
 
 def _finite(value: Any) -> Any:

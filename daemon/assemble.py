@@ -1,7 +1,7 @@
 """Settings -> the core's inputs: resolve the GPU name, read config.json, load remediation.
 
-This is the one place that turns validated user settings (pydantic, ``daemon.settings``)
-into the core's plain dataclasses (``daemon.core.rulebook``); it reads files, so it runs
+This is the one place that turns validated user settings (pydantic, ``vllm_triage.settings``)
+into the core's plain dataclasses (``vllm_triage.core.rulebook``); it reads files, so it runs
 once at start-up (in the shell), and the core only ever sees the result.
 """
 
@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import functools
 
-from daemon.ceiling.gpus import find_gpu
-from daemon.ceiling.resolve import build_ceiling, build_roofline, model_size
-from daemon.ceiling.sizing import ModelSize
-from daemon.core.evaluate import Evaluator
-from daemon.core.model import CAUSES, Cause
-from daemon.core.parse import ParseLimits
-from daemon.core.rulebook import Ceiling, Roofline, Rulebook, Slo, Thresholds
-from daemon.errors import ConfigError
-from daemon.rules import read_bundled
-from daemon.settings import Settings
+from vllm_triage.ceiling.gpus import find_gpu
+from vllm_triage.ceiling.resolve import build_ceiling, build_roofline, model_size
+from vllm_triage.ceiling.sizing import ModelSize
+from vllm_triage.core.evaluate import Evaluator
+from vllm_triage.core.model import CAUSES, Cause
+from vllm_triage.core.parse import ParseLimits
+from vllm_triage.core.rulebook import Ceiling, Roofline, Rulebook, Slo, Thresholds
+from vllm_triage.errors import ConfigError
+from vllm_triage.rules import read_bundled
+from vllm_triage.settings import Settings
 
 
 @functools.cache

@@ -1,7 +1,7 @@
 """Which commit this vllm-triage was built from, for ``--version``.
 
 In order: a source checkout asks git (the package folder sits beside ``pyproject.toml``
-in a git work tree: an editable install, or ``python -m daemon.cli`` in the repository);
+in a git work tree: an editable install, or ``python -m vllm_triage.cli`` in the repository);
 an installed copy reads ``_commit.txt``, which ``setup.py`` writes into the wheel when it
 is built from a git checkout (``pip install .`` in a clone); ``pip install git+URL@REF``
 leaves the commit in the install's ``direct_url.json`` (PEP 610). Anything else (a
@@ -46,7 +46,7 @@ def _from_checkout() -> str | None:
 
 def _from_build() -> str | None:
     try:
-        text = resources.files("daemon").joinpath(COMMIT_FILE).read_text(encoding="utf-8")
+        text = resources.files("vllm_triage").joinpath(COMMIT_FILE).read_text(encoding="utf-8")
     except (OSError, ModuleNotFoundError):
         return None
     return text.strip() or None

@@ -1,4 +1,4 @@
-"""The ``vllm-triage`` command: builds the parser from ``daemon.commands`` and dispatches.
+"""The ``vllm-triage`` command: builds the parser from ``vllm_triage.commands`` and dispatches.
 
 Exit codes: 0 it ran; 1 the input could not be used (a recording, a target); 2 the
 command line or the settings are wrong; 130 interrupted (Ctrl-C); ``check`` adds 1 for an
@@ -17,9 +17,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from daemon import __version__
-from daemon.buildinfo import version_line
-from daemon.commands import (
+from vllm_triage import __version__
+from vllm_triage.buildinfo import version_line
+from vllm_triage.commands import (
     ceiling,
     check,
     check_config,
@@ -30,8 +30,8 @@ from daemon.commands import (
     run,
     simulate,
 )
-from daemon.errors import ConfigError, RecordingError
-from daemon.logs import configure
+from vllm_triage.errors import ConfigError, RecordingError
+from vllm_triage.logs import configure
 
 EPILOG = """\
 examples:

@@ -47,10 +47,10 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from daemon.httpauth import auth_headers
-from daemon.receivers import Notification, Receiver
-from daemon.redact import masked_location, scrub
-from daemon.store import StateStore
+from vllm_triage.httpauth import auth_headers
+from vllm_triage.receivers import Notification, Receiver
+from vllm_triage.redact import masked_location, scrub
+from vllm_triage.store import StateStore
 
 log = structlog.get_logger("vllm_triage.delivery")
 

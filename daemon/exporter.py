@@ -20,10 +20,10 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from daemon import __version__
-from daemon.core.model import CAUSES, Diagnosis, Quantile, Signals
-from daemon.delivery import Delivery
-from daemon.state import TargetState
+from vllm_triage import __version__
+from vllm_triage.core.model import CAUSES, Diagnosis, Quantile, Signals
+from vllm_triage.delivery import Delivery
+from vllm_triage.state import TargetState
 
 P = "vllm_triage_"
 DIAGNOSES = ("healthy", *CAUSES)

@@ -19,7 +19,7 @@ the indexes 0 .. count-1 diagnose every server exactly once.
 The query API itself is a target too (named ``prometheus``), so ``vllm_triage_target_up``
 and ``vllm_triage_scrape_failures_total`` say when it cannot be read.
 
-Its answer is read as a target's body is (``daemon.scrape.BodyLimit``): at most
+Its answer is read as a target's body is (``vllm_triage.scrape.BodyLimit``): at most
 ``max_body_bytes`` once decoded, with one layer of gzip accepted and inflated inside that
 limit (a query's JSON shrinks about tenfold, and the query API is often across a
 network), redirects not followed (its credentials stay with its URL), the whole request
@@ -41,20 +41,20 @@ from typing import Any
 import httpx
 import structlog
 
-from daemon.core.window import signals_from_totals
-from daemon.errors import ScrapeError
-from daemon.exporter import label_value
-from daemon.fleet_hardware import Card, HardwareResolver
-from daemon.fleet_queries import NAMES_REGEX, FleetQuery, QueryPlan, inner
-from daemon.fleet_signals import Fleet, totals
-from daemon.httpauth import auth_headers
-from daemon.notifier import Notifier
-from daemon.redact import safe_url
-from daemon.scrape import BodyLimit, scrape_error
-from daemon.settings import PrometheusSourceSettings, Settings, TargetSettings
-from daemon.state import TargetState
-from daemon.store import StateStore
-from daemon.watcher import TargetWatcher
+from vllm_triage.core.window import signals_from_totals
+from vllm_triage.errors import ScrapeError
+from vllm_triage.exporter import label_value
+from vllm_triage.fleet_hardware import Card, HardwareResolver
+from vllm_triage.fleet_queries import NAMES_REGEX, FleetQuery, QueryPlan, inner
+from vllm_triage.fleet_signals import Fleet, totals
+from vllm_triage.httpauth import auth_headers
+from vllm_triage.notifier import Notifier
+from vllm_triage.redact import safe_url
+from vllm_triage.scrape import BodyLimit, scrape_error
+from vllm_triage.settings import PrometheusSourceSettings, Settings, TargetSettings
+from vllm_triage.state import TargetState
+from vllm_triage.store import StateStore
+from vllm_triage.watcher import TargetWatcher
 
 log = structlog.get_logger("vllm_triage.fleet")
 

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import structlog
 
-from daemon.assemble import build_rulebook, settings_model_size
-from daemon.ceiling.gpus import find_gpu
-from daemon.core.rulebook import Rulebook
-from daemon.errors import ConfigError
-from daemon.matchers import Matcher, matches_all, parse_matchers
-from daemon.settings import HardwareSettings, ModelSettings, Settings
+from vllm_triage.assemble import build_rulebook, settings_model_size
+from vllm_triage.ceiling.gpus import find_gpu
+from vllm_triage.core.rulebook import Rulebook
+from vllm_triage.errors import ConfigError
+from vllm_triage.matchers import Matcher, matches_all, parse_matchers
+from vllm_triage.settings import HardwareSettings, ModelSettings, Settings
 
 log = structlog.get_logger("vllm_triage.fleet")
 

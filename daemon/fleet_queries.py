@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from daemon.core.names import COUNTER_FIELDS, HISTOGRAM_FIELDS, PREFIXES, SAMPLES
+from vllm_triage.core.names import COUNTER_FIELDS, HISTOGRAM_FIELDS, PREFIXES, SAMPLES
 
 #: Histograms whose buckets are read (for quantiles and the roofline's step mix); the
 #: others only need their sum and count.

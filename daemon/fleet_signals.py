@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from daemon.core.model import GaugeStats, Histogram, WindowTotals
-from daemon.core.names import HISTOGRAM_FIELDS
-from daemon.fleet_queries import BUCKET_FIELDS, COUNTERS, DCGM_MODEL, POOL_LABELS
+from vllm_triage.core.model import GaugeStats, Histogram, WindowTotals
+from vllm_triage.core.names import HISTOGRAM_FIELDS
+from vllm_triage.fleet_queries import BUCKET_FIELDS, COUNTERS, DCGM_MODEL, POOL_LABELS
 
 Row = Mapping[str, Any]
 

@@ -20,9 +20,9 @@ from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from daemon.core.evaluate import Evaluation
-from daemon.core.rulebook import Rulebook
-from daemon.core.timeline import point_values
+from vllm_triage.core.evaluate import Evaluation
+from vllm_triage.core.rulebook import Rulebook
+from vllm_triage.core.timeline import point_values
 
 NAN = float("nan")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import base64
 
-from daemon import __version__
-from daemon.settings import HttpAuth
+from vllm_triage import __version__
+from vllm_triage.settings import HttpAuth
 
 USER_AGENT = f"vllm-triage/{__version__}"
 

@@ -19,13 +19,13 @@ from collections.abc import Iterable
 import httpx
 import structlog
 
-from daemon.core.alerts import Alert, firing_alert
-from daemon.core.dedup import LastSent, NotifyReason, needs_update
-from daemon.core.model import Transition
-from daemon.delivery import Delivery
-from daemon.receivers import build_receiver
-from daemon.settings import Settings
-from daemon.store import StateStore
+from vllm_triage.core.alerts import Alert, firing_alert
+from vllm_triage.core.dedup import LastSent, NotifyReason, needs_update
+from vllm_triage.core.model import Transition
+from vllm_triage.delivery import Delivery
+from vllm_triage.receivers import build_receiver
+from vllm_triage.settings import Settings
+from vllm_triage.store import StateStore
 
 log = structlog.get_logger("vllm_triage.notifier")
 

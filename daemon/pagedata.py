@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from daemon import __version__
-from daemon.assemble import build_evaluator, build_rulebook
-from daemon.core.model import Reason, Transition
-from daemon.core.report import iso
-from daemon.core.rulebook import Rulebook
-from daemon.core.timeline import (
+from vllm_triage import __version__
+from vllm_triage.assemble import build_evaluator, build_rulebook
+from vllm_triage.core.model import Reason, Transition
+from vllm_triage.core.report import iso
+from vllm_triage.core.rulebook import Rulebook
+from vllm_triage.core.timeline import (
     Incident,
     breach_began,
     for_display,
@@ -43,12 +43,12 @@ from daemon.core.timeline import (
     point_values,
     setting_values,
 )
-from daemon.history import Window
-from daemon.page.spec import PageSpec, load_spec
-from daemon.redact import safe_url
-from daemon.replay import Skipped, snapshots
-from daemon.settings import Settings
-from daemon.state import TargetState
+from vllm_triage.history import Window
+from vllm_triage.page.spec import PageSpec, load_spec
+from vllm_triage.redact import safe_url
+from vllm_triage.replay import Skipped, snapshots
+from vllm_triage.settings import Settings
+from vllm_triage.state import TargetState
 
 #: What each naming era of vLLM's metrics says about the server's version (README,
 #: "vLLM versions").

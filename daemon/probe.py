@@ -26,9 +26,9 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import structlog
 
-from daemon.core.model import ProbeStatus
-from daemon.httpauth import auth_headers
-from daemon.settings import ProbeSettings, TargetSettings
+from vllm_triage.core.model import ProbeStatus
+from vllm_triage.httpauth import auth_headers
+from vllm_triage.settings import ProbeSettings, TargetSettings
 
 log = structlog.get_logger("vllm_triage.probe")
 

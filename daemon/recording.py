@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from daemon.errors import RecordingError
+from vllm_triage.errors import RecordingError
 
 FILE_NAME = re.compile(r"^(\d{1,16})\.prom$")
 

@@ -1,4 +1,4 @@
-"""Running the core over a recording (``daemon.recording``), file by file.
+"""Running the core over a recording (``vllm_triage.recording``), file by file.
 
 Files are taken in the order of their names' numbers, and each file's name is its scrape
 time, so a replay sees exactly what the live daemon saw.
@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from daemon.core.evaluate import Evaluation, Evaluator
-from daemon.core.model import Snapshot
-from daemon.core.parse import SnapshotParser
-from daemon.errors import ParseError
-from daemon.recording import recording_files
+from vllm_triage.core.evaluate import Evaluation, Evaluator
+from vllm_triage.core.model import Snapshot
+from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.errors import ParseError
+from vllm_triage.recording import recording_files
 
 
 @dataclass(frozen=True, slots=True)

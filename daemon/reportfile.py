@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from daemon.page.render import render_page
-from daemon.pagedata import report_document
-from daemon.settings import Settings
+from vllm_triage.page.render import render_page
+from vllm_triage.pagedata import report_document
+from vllm_triage.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Reading the data files in ``rules/`` (shipped inside the package as ``daemon.bundled_rules``).
+"""Reading the data files in ``rules/`` (shipped in the package as ``vllm_triage.bundled_rules``).
 
 The GPU table, thresholds, default SLOs and remediation texts are data, not constants in
 code, so that users can read and override them (see ``settings``).
@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from daemon.errors import ConfigError
+from vllm_triage.errors import ConfigError
 
-PACKAGE = "daemon.bundled_rules"
+PACKAGE = "vllm_triage.bundled_rules"
 
 
 def bundled_path(name: str) -> str:
@@ -168,7 +168,7 @@ def _source_tree_rules() -> Path:
 def _locate(name: str) -> Traversable:
     """A file or folder of the bundled ``rules/``.
 
-    Installed, the files are the package ``daemon.bundled_rules``; run from a source
+    Installed, the files are the package ``vllm_triage.bundled_rules``; run from a source
     checkout that was never installed (``python -m pytest`` in the repository), they
     are the checkout's ``rules/`` folder.
     """

@@ -34,8 +34,8 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import httpx
 
-from daemon.errors import ParseError, ScrapeError
-from daemon.redact import safe_url, scrub_url
+from vllm_triage.errors import ParseError, ScrapeError
+from vllm_triage.redact import safe_url, scrub_url
 
 #: vLLM serves the classic text format; prometheus_client's OpenMetrics output would
 #: garble names with colons, so ask for 0.0.4 explicitly.

@@ -37,16 +37,16 @@ import structlog
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
-from daemon import __version__
-from daemon.exporter import build_registry
-from daemon.fleet import PrometheusSource
-from daemon.http_server import Endpoints, HttpServer
-from daemon.notifier import Notifier
-from daemon.pagedata import live_document
-from daemon.settings import Settings
-from daemon.state import TargetState
-from daemon.store import StateStore
-from daemon.watcher import TargetWatcher
+from vllm_triage import __version__
+from vllm_triage.exporter import build_registry
+from vllm_triage.fleet import PrometheusSource
+from vllm_triage.http_server import Endpoints, HttpServer
+from vllm_triage.notifier import Notifier
+from vllm_triage.pagedata import live_document
+from vllm_triage.settings import Settings
+from vllm_triage.state import TargetState
+from vllm_triage.store import StateStore
+from vllm_triage.watcher import TargetWatcher
 
 log = structlog.get_logger("vllm_triage.service")
 

@@ -37,18 +37,18 @@ from pydantic_settings import (
     SettingsError,
 )
 
-from daemon.ceiling.gpus import find_gpu
-from daemon.ceiling.sizing import bytes_per_param
-from daemon.core.parse import (
+from vllm_triage.ceiling.gpus import find_gpu
+from vllm_triage.ceiling.sizing import bytes_per_param
+from vllm_triage.core.parse import (
     DEFAULT_MAX_LABEL_VALUE_LENGTH,
     DEFAULT_MAX_LINE_LENGTH,
     DEFAULT_MAX_LINES,
     DEFAULT_MAX_MODELS,
 )
-from daemon.errors import ConfigError
-from daemon.matchers import parse_matchers
-from daemon.redact import quoted, safe_url
-from daemon.rules import read_bundled, read_file
+from vllm_triage.errors import ConfigError
+from vllm_triage.matchers import parse_matchers
+from vllm_triage.redact import quoted, safe_url
+from vllm_triage.rules import read_bundled, read_file
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 

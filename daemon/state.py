@@ -11,12 +11,12 @@ from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from daemon.core.evaluate import Evaluation
-from daemon.core.incidents import Active, State
-from daemon.core.model import Cause, Transition
-from daemon.core.rulebook import Ceiling
-from daemon.history import History
-from daemon.probe import ProbeStats
+from vllm_triage.core.evaluate import Evaluation
+from vllm_triage.core.incidents import Active, State
+from vllm_triage.core.model import Cause, Transition
+from vllm_triage.core.rulebook import Ceiling
+from vllm_triage.history import History
+from vllm_triage.probe import ProbeStats
 
 RECENT_TRANSITIONS = 20
 
@@ -62,7 +62,7 @@ class TargetState:
     recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))
     #: The active probe's counts, when the target has one.
     probe: ProbeStats | None = None
-    #: The last hour of evaluations, for the status page (bounded: ``daemon.history``).
+    #: The last hour of evaluations, for the status page (bounded: ``vllm_triage.history``).
     history: History | None = None
 
     def attempted(self, at: float, duration_s: float | None = None) -> None:

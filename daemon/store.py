@@ -46,10 +46,10 @@ from typing import Any
 
 import structlog
 
-from daemon.core.alerts import Alert
-from daemon.core.dedup import LastSent
-from daemon.core.incidents import State, TrackRecord
-from daemon.receivers import Notification
+from vllm_triage.core.alerts import Alert
+from vllm_triage.core.dedup import LastSent
+from vllm_triage.core.incidents import State, TrackRecord
+from vllm_triage.receivers import Notification
 
 log = structlog.get_logger("vllm_triage.store")
 

@@ -15,24 +15,24 @@ from collections.abc import Callable, Mapping
 import httpx
 import structlog
 
-from daemon.assemble import build_evaluator, build_rulebook, parse_limits
-from daemon.core.evaluate import Evaluation
-from daemon.core.incidents import TrackRecord
-from daemon.core.model import Signals, Snapshot, Transition
-from daemon.core.parse import SnapshotParser
-from daemon.core.rulebook import Rulebook
-from daemon.core.timeline import setting_values
-from daemon.errors import ParseError, ScrapeError, TooCostlyError
-from daemon.history import History
-from daemon.httpauth import auth_headers
-from daemon.notifier import Notifier
-from daemon.page.spec import load_spec
-from daemon.probe import Prober
-from daemon.redact import safe_url
-from daemon.scrape import fetch_async, not_metrics_hint
-from daemon.settings import Settings, TargetSettings
-from daemon.state import TargetState, View
-from daemon.store import StateStore
+from vllm_triage.assemble import build_evaluator, build_rulebook, parse_limits
+from vllm_triage.core.evaluate import Evaluation
+from vllm_triage.core.incidents import TrackRecord
+from vllm_triage.core.model import Signals, Snapshot, Transition
+from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.core.rulebook import Rulebook
+from vllm_triage.core.timeline import setting_values
+from vllm_triage.errors import ParseError, ScrapeError, TooCostlyError
+from vllm_triage.history import History
+from vllm_triage.httpauth import auth_headers
+from vllm_triage.notifier import Notifier
+from vllm_triage.page.spec import load_spec
+from vllm_triage.probe import Prober
+from vllm_triage.redact import safe_url
+from vllm_triage.scrape import fetch_async, not_metrics_hint
+from vllm_triage.settings import Settings, TargetSettings
+from vllm_triage.state import TargetState, View
+from vllm_triage.store import StateStore
 
 log = structlog.get_logger("vllm_triage.watcher")
 

@@ -1,4 +1,4 @@
-"""Data files shipped as ``daemon.bundled_rules`` (read with ``daemon.rules.read_bundled``).
+"""Data files shipped as ``vllm_triage.bundled_rules`` (read with ``vllm_triage.rules.read_bundled``).
 
 This file holds no code. It exists because a namespace package's resources cannot be
 read from a setuptools editable install on Python 3.11 (``importlib.resources`` raises

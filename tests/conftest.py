@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.core.names import SAMPLES
+from vllm_triage.core.names import SAMPLES
 
 # The suite is hermetic: a VLLM_TRIAGE_* variable in the caller's shell would change the
 # settings every test builds (and an unknown one makes load_settings refuse to start), so

@@ -19,14 +19,14 @@ import httpx
 import structlog
 from prometheus_client import generate_latest
 
-from daemon.core.parse import SnapshotParser
-from daemon.delivery import Delivery
-from daemon.exporter import build_registry
-from daemon.receivers import build_receiver
-from daemon.recording import recording_files
-from daemon.settings import ReceiverSettings, TargetSettings, load_settings
-from daemon.state import TargetState
-from daemon.watcher import TargetWatcher
+from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.delivery import Delivery
+from vllm_triage.exporter import build_registry
+from vllm_triage.receivers import build_receiver
+from vllm_triage.recording import recording_files
+from vllm_triage.settings import ReceiverSettings, TargetSettings, load_settings
+from vllm_triage.state import TargetState
+from vllm_triage.watcher import TargetWatcher
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden" / "metrics.prom"

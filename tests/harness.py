@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from daemon.service import Daemon
-from daemon.settings import Settings
-from daemon.simulator import Scenario
-from daemon.simulator.serve import SimulatedServer
+from vllm_triage.service import Daemon
+from vllm_triage.settings import Settings
+from vllm_triage.simulator import Scenario
+from vllm_triage.simulator.serve import SimulatedServer
 
 
 def wait_for(check: Callable[[], Any], *, timeout: float, every: float = 0.05) -> Any:

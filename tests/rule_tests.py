@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.simulator import get_scenario, record
+from vllm_triage.simulator import get_scenario, record
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES_DIR = ROOT / "rules" / "prometheus"

@@ -6,7 +6,7 @@ import math
 from itertools import accumulate
 from typing import Any
 
-from daemon.core.model import Histogram, KVPool, ModelSeries, Snapshot
+from vllm_triage.core.model import Histogram, KVPool, ModelSeries, Snapshot
 
 TTFT_BOUNDS = (0.02, 0.04, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, math.inf)
 

@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from daemon.core.alerts import (
+from vllm_triage.core.alerts import (
     ALERTNAMES,
     GO_ZERO_TIME,
     Alert,
@@ -37,7 +37,7 @@ from daemon.core.alerts import (
     slack_payload,
     webhook_payload,
 )
-from daemon.core.model import Contribution, Diagnosis, Reason, Transition
+from vllm_triage.core.model import Contribution, Diagnosis, Reason, Transition
 
 ALERTMANAGER = Path(__file__).parent / "fixtures" / "alertmanager"
 REAL = {

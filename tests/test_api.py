@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from test_exporter import MODEL, watched
 
-from daemon.api import diagnoses_json
-from daemon.core.incidents import IncidentTracker
-from daemon.core.model import Diagnosis
-from daemon.core.report import iso
-from daemon.core.rulebook import Ceiling
-from daemon.demo.offline import START_AT
-from daemon.state import TargetState
+from vllm_triage.api import diagnoses_json
+from vllm_triage.core.incidents import IncidentTracker
+from vllm_triage.core.model import Diagnosis
+from vllm_triage.core.report import iso
+from vllm_triage.core.rulebook import Ceiling
+from vllm_triage.demo.offline import START_AT
+from vllm_triage.state import TargetState
 
 NOW = START_AT + 3600
 

@@ -1,4 +1,4 @@
-"""The core (``daemon/core/``) is pure: it imports only itself, ``daemon.errors`` and a short
+"""The core (``daemon/core/``) is pure: it imports only itself, ``vllm_triage.errors`` and a short
 list of standard-library modules that touch no clock, network, file or process state.
 
 The test reads the source (it does not import it), so a forbidden import is caught even
@@ -32,7 +32,7 @@ ALLOWED_STDLIB = frozenset(
         "urllib.parse",
     }
 )
-ALLOWED_DAEMON = "daemon.errors"
+ALLOWED_DAEMON = "vllm_triage.errors"
 #: Calls that read the clock, whatever module they come from.
 CLOCK_CALLS = frozenset({"now", "utcnow", "today", "time", "monotonic", "perf_counter"})
 
@@ -67,7 +67,7 @@ def forbidden(names: list[str]) -> list[str]:
     return [
         n
         for n in names
-        if not (n.startswith("daemon.core") or n == ALLOWED_DAEMON or n in ALLOWED_STDLIB)
+        if not (n.startswith("vllm_triage.core") or n == ALLOWED_DAEMON or n in ALLOWED_STDLIB)
     ]
 
 
@@ -106,10 +106,10 @@ def test_reads_no_clock(path: Path) -> None:
 @pytest.mark.parametrize(
     ("names", "bad"),
     [
-        (["daemon.core.model", "math"], []),
+        (["vllm_triage.core.model", "math"], []),
         (["pydantic"], ["pydantic"]),
-        (["httpx", "daemon.errors"], ["httpx"]),
-        (["daemon.settings"], ["daemon.settings"]),
+        (["httpx", "vllm_triage.errors"], ["httpx"]),
+        (["vllm_triage.settings"], ["vllm_triage.settings"]),
         (["time"], ["time"]),
         (["structlog", "apscheduler.schedulers"], ["structlog", "apscheduler.schedulers"]),
     ],
@@ -142,10 +142,11 @@ SUBPACKAGES = {"core", "ceiling", "simulator", "demo", "commands", "page"}
 
 
 def wing_of(module: str) -> str:
-    """``daemon.core.parse`` -> core; ``daemon.watcher`` -> runtime; ``daemon`` -> version."""
+    """``vllm_triage.core.parse`` -> core; ``vllm_triage.watcher`` -> runtime; the package itself
+    -> version."""
     parts = module.split(".")
-    if parts == ["daemon"]:
-        return "version"  # ``from daemon import __version__``
+    if parts == ["vllm_triage"]:
+        return "version"  # ``from vllm_triage import __version__``
     if parts[1] == "errors":
         return "errors"
     if parts[1] == "rules":
@@ -164,7 +165,7 @@ def test_each_wing_imports_only_what_it_may(path: Path) -> None:
     if own not in WINGS:  # errors.py, rules.py: leaves every wing may use
         return
     allowed = WINGS[own] | {own}
-    used = {wing_of(m) for m in imports(path) if m == "daemon" or m.startswith("daemon.")}
+    used = {wing_of(m) for m in imports(path) if m == "vllm_triage" or m.startswith("vllm_triage.")}
     # ``rules`` (reading the bundled YAML) is a leaf like ``errors``; the runtime reads it.
     if own == "runtime":
         allowed |= {"rules"}

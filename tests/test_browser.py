@@ -23,12 +23,12 @@ import pytest
 from selenium.webdriver import ActionChains, Chrome
 from selenium.webdriver.common.by import By
 
-from daemon.demo.live import scaled_clock
-from daemon.demo.offline import START_AT
-from daemon.page.spec import load_spec
-from daemon.reportfile import write_report
-from daemon.settings import load_settings
-from daemon.simulator import get_scenario
+from vllm_triage.demo.live import scaled_clock
+from vllm_triage.demo.offline import START_AT
+from vllm_triage.page.spec import load_spec
+from vllm_triage.reportfile import write_report
+from vllm_triage.settings import load_settings
+from vllm_triage.simulator import get_scenario
 
 from browser import Loaded, chromium, full_page_screenshot, load
 from clirun import vllm_triage

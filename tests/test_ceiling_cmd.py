@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from daemon.commands.ceiling import add_parser
+from vllm_triage.commands.ceiling import add_parser
 
 from conftest import SEED_CEILINGS
 
@@ -17,7 +17,7 @@ LLAMA = Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json"
 
 
 def parser() -> argparse.ArgumentParser:
-    """What daemon.cli's ``main()`` builds: a parser with ``ceiling`` as a subcommand."""
+    """What vllm_triage.cli's ``main()`` builds: a parser with ``ceiling`` as a subcommand."""
     p = argparse.ArgumentParser(prog="vllm-triage")
     add_parser(p.add_subparsers(dest="command", required=True))
     return p

@@ -422,7 +422,7 @@ class TestVersion:
         ), result.stdout
 
     def test_a_wheel_built_from_a_clone_carries_its_commit(self, tmp_path: Path) -> None:
-        """`pip install .` in a fresh clone: the wheel holds daemon/_commit.txt (setup.py)."""
+        """`pip install .` in a fresh clone: the wheel holds vllm_triage/_commit.txt (setup.py)."""
         repo = Path(__file__).resolve().parent.parent
         clone = tmp_path / "clone"
         git = ["git", "-c", "advice.detachedHead=false"]
@@ -451,7 +451,22 @@ class TestVersion:
         )
         [wheel] = tmp_path.glob("vllm_triage-*.whl")
         with zipfile.ZipFile(wheel) as z:
-            assert z.read("daemon/_commit.txt").decode().strip() == head
+            assert z.read("vllm_triage/_commit.txt").decode().strip() == head
+            names = z.namelist()
+        # The import package is vllm_triage: nothing claims the top-level name `daemon`,
+        # which python-daemon owns (installed beside it, one would shadow the other).
+        assert {n.split("/")[0] for n in names if not n.startswith("vllm_triage-")} == {
+            "vllm_triage"
+        }
+        # Every folder of the source tree ships (a wing missing from pyproject.toml's
+        # package list works in an editable install and breaks the installed command).
+        source = repo / "daemon"
+        wings = {
+            "vllm_triage/" + p.parent.relative_to(source).as_posix() + "/__init__.py"
+            for p in source.rglob("__init__.py")
+            if p.parent != source
+        }
+        assert wings <= set(names), sorted(wings - set(names))
 
 
 class TestMisspeltVariables:

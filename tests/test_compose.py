@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from daemon.cli import build_parser
-from daemon.settings import load_settings
+from vllm_triage.cli import build_parser
+from vllm_triage.settings import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "deploy" / "compose"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.core.dedup import LastSent, NotifyReason, SendPolicy, Status, needs_update
+from vllm_triage.core.dedup import LastSent, NotifyReason, SendPolicy, Status, needs_update
 
 HOURLY = SendPolicy(send_resolved=True, repeat_after_seconds=3600)
 QUIET = SendPolicy(send_resolved=False, repeat_after_seconds=3600)

@@ -26,9 +26,9 @@ import pytest
 from structlog.testing import capture_logs
 from tenacity import wait_fixed
 
-from daemon.delivery import Delivery, signature
-from daemon.receivers import Notification, build_receiver
-from daemon.settings import ReceiverSettings
+from vllm_triage.delivery import Delivery, signature
+from vllm_triage.receivers import Notification, build_receiver
+from vllm_triage.settings import ReceiverSettings
 
 #: How long a "hang" answer holds the request (released early when the receiver stops).
 HANG_S = 5.0

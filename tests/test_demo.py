@@ -9,21 +9,21 @@ from pathlib import Path
 import httpx
 import pytest
 
-from daemon.core.incidents import State
-from daemon.core.parse import SnapshotParser
-from daemon.demo.expectations import Event, Segment, problems, segments
-from daemon.demo.live import LiveDemoResult, demo_settings, shared_slo
-from daemon.demo.offline import (
+from vllm_triage.core.incidents import State
+from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.demo.expectations import Event, Segment, problems, segments
+from vllm_triage.demo.live import LiveDemoResult, demo_settings, shared_slo
+from vllm_triage.demo.offline import (
     START_AT,
     default_duration,
     run_scenario,
     scenario_settings,
 )
-from daemon.demo.view import DemoTarget, render, status_lines
-from daemon.errors import ConfigError
-from daemon.settings import load_settings
-from daemon.simulator import get_scenario, record
-from daemon.watcher import TargetWatcher
+from vllm_triage.demo.view import DemoTarget, render, status_lines
+from vllm_triage.errors import ConfigError
+from vllm_triage.settings import load_settings
+from vllm_triage.simulator import get_scenario, record
+from vllm_triage.watcher import TargetWatcher
 
 #: The tour before issue 16: the card swapped under the server for its fault phases.
 CARD_SWAP = Path(__file__).parent / "fixtures" / "scenarios" / "tour-card-swap.yaml"

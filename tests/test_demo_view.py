@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from test_exporter import watched
 
-from daemon.demo.offline import START_AT
-from daemon.demo.view import DemoTarget, render
+from vllm_triage.demo.offline import START_AT
+from vllm_triage.demo.view import DemoTarget, render
 
 
 def test_the_screen_names_the_status_page_and_the_incident() -> None:

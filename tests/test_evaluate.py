@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from daemon.assemble import build_evaluator, build_rulebook, ceiling
-from daemon.core.evaluate import Evaluator
-from daemon.core.incidents import State, TrackRecord
-from daemon.core.model import ModelSeries, Snapshot
-from daemon.errors import ConfigError
-from daemon.settings import load_settings
+from vllm_triage.assemble import build_evaluator, build_rulebook, ceiling
+from vllm_triage.core.evaluate import Evaluator
+from vllm_triage.core.incidents import State, TrackRecord
+from vllm_triage.core.model import ModelSeries, Snapshot
+from vllm_triage.errors import ConfigError
+from vllm_triage.settings import load_settings
 
 from snapshots import hist
 

@@ -22,17 +22,17 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from daemon import __version__
-from daemon.assemble import build_evaluator, build_rulebook
-from daemon.core.parse import SnapshotParser
-from daemon.delivery import Delivery
-from daemon.demo.offline import START_AT, scenario_facts
-from daemon.exporter import build_registry
-from daemon.probe import ProbeStats
-from daemon.receivers import Notification, build_receiver
-from daemon.settings import ReceiverSettings, load_settings
-from daemon.simulator import get_scenario, record
-from daemon.state import TargetState, View
+from vllm_triage import __version__
+from vllm_triage.assemble import build_evaluator, build_rulebook
+from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.delivery import Delivery
+from vllm_triage.demo.offline import START_AT, scenario_facts
+from vllm_triage.exporter import build_registry
+from vllm_triage.probe import ProbeStats
+from vllm_triage.receivers import Notification, build_receiver
+from vllm_triage.settings import ReceiverSettings, load_settings
+from vllm_triage.simulator import get_scenario, record
+from vllm_triage.state import TargetState, View
 
 P = "vllm_triage_"
 #: The state set's values: healthy, then the four causes.

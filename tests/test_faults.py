@@ -17,9 +17,9 @@ import pytest
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.exporter import DIAGNOSES
-from daemon.settings import Settings, load_settings
-from daemon.simulator import Phase, Scenario, get_scenario, record
+from vllm_triage.exporter import DIAGNOSES
+from vllm_triage.settings import Settings, load_settings
+from vllm_triage.simulator import Phase, Scenario, get_scenario, record
 
 from harness import (
     Answer,

@@ -21,19 +21,19 @@ import structlog.testing
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.api import target_json
-from daemon.assemble import build_evaluator, build_rulebook
-from daemon.core.diagnose import diagnose
-from daemon.core.evaluate import Evaluation
-from daemon.core.model import Cause, Diagnosis, Transition
-from daemon.core.parse import SnapshotParser
-from daemon.demo.offline import run_scenario, scenario_facts, scenario_settings
-from daemon.exporter import build_registry
-from daemon.replay import replay
-from daemon.settings import TargetSettings, load_settings
-from daemon.simulator import get_scenario, record
-from daemon.simulator.scenario_files import scenario_names
-from daemon.watcher import TargetWatcher
+from vllm_triage.api import target_json
+from vllm_triage.assemble import build_evaluator, build_rulebook
+from vllm_triage.core.diagnose import diagnose
+from vllm_triage.core.evaluate import Evaluation
+from vllm_triage.core.model import Cause, Diagnosis, Transition
+from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.demo.offline import run_scenario, scenario_facts, scenario_settings
+from vllm_triage.exporter import build_registry
+from vllm_triage.replay import replay
+from vllm_triage.settings import TargetSettings, load_settings
+from vllm_triage.simulator import get_scenario, record
+from vllm_triage.simulator.scenario_files import scenario_names
+from vllm_triage.watcher import TargetWatcher
 
 from clirun import vllm_triage
 

@@ -23,21 +23,21 @@ from urllib.parse import parse_qs
 import httpx
 import pytest
 
-from daemon.assemble import build_rulebook
-from daemon.core.diagnose import diagnose
-from daemon.core.model import KVPool, Signals, Snapshot, WindowTotals
-from daemon.core.names import SAMPLES
-from daemon.core.parse import parse_snapshot
-from daemon.core.window import Window
-from daemon.errors import ConfigError
-from daemon.fleet import PrometheusSource, shard_of
-from daemon.fleet_hardware import Card, HardwareResolver
-from daemon.fleet_queries import QueryPlan, duration, names
-from daemon.matchers import parse_matchers
-from daemon.notifier import Notifier
-from daemon.settings import Settings, load_settings
-from daemon.simulator import get_scenario, record
-from daemon.store import StateStore
+from vllm_triage.assemble import build_rulebook
+from vllm_triage.core.diagnose import diagnose
+from vllm_triage.core.model import KVPool, Signals, Snapshot, WindowTotals
+from vllm_triage.core.names import SAMPLES
+from vllm_triage.core.parse import parse_snapshot
+from vllm_triage.core.window import Window
+from vllm_triage.errors import ConfigError
+from vllm_triage.fleet import PrometheusSource, shard_of
+from vllm_triage.fleet_hardware import Card, HardwareResolver
+from vllm_triage.fleet_queries import QueryPlan, duration, names
+from vllm_triage.matchers import parse_matchers
+from vllm_triage.notifier import Notifier
+from vllm_triage.settings import Settings, load_settings
+from vllm_triage.simulator import get_scenario, record
+from vllm_triage.store import StateStore
 
 STEP = 5.0
 WINDOW = 60.0

@@ -15,12 +15,12 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from daemon.assemble import build_evaluator
-from daemon.core.model import Signals
-from daemon.core.parse import SnapshotParser
-from daemon.core.window import Window
-from daemon.errors import ParseError
-from daemon.settings import load_settings
+from vllm_triage.assemble import build_evaluator
+from vllm_triage.core.model import Signals
+from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.core.window import Window
+from vllm_triage.errors import ParseError
+from vllm_triage.settings import load_settings
 
 from snapshots import hist, snap
 

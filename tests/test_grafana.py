@@ -27,18 +27,18 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.assemble import build_evaluator, build_rulebook
-from daemon.core.model import CAUSES
-from daemon.core.names import SAMPLES
-from daemon.core.parse import SnapshotParser
-from daemon.delivery import Delivery
-from daemon.demo.offline import START_AT, scenario_facts
-from daemon.exporter import build_registry
-from daemon.probe import ProbeStats
-from daemon.receivers import build_receiver
-from daemon.settings import ReceiverSettings, load_settings
-from daemon.simulator import get_scenario, record
-from daemon.state import TargetState, View
+from vllm_triage.assemble import build_evaluator, build_rulebook
+from vllm_triage.core.model import CAUSES
+from vllm_triage.core.names import SAMPLES
+from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.delivery import Delivery
+from vllm_triage.demo.offline import START_AT, scenario_facts
+from vllm_triage.exporter import build_registry
+from vllm_triage.probe import ProbeStats
+from vllm_triage.receivers import build_receiver
+from vllm_triage.settings import ReceiverSettings, load_settings
+from vllm_triage.simulator import get_scenario, record
+from vllm_triage.state import TargetState, View
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "deploy" / "grafana"

@@ -8,16 +8,16 @@ from typing import Any
 
 import pytest
 
-from daemon.ceiling.gpus import GPU, find_gpu, load_gpu_table, parse_gpu_table
-from daemon.ceiling.hardware import ceiling_rows, decode_ceiling_tokens_per_s
-from daemon.ceiling.sizing import (
+from vllm_triage.ceiling.gpus import GPU, find_gpu, load_gpu_table, parse_gpu_table
+from vllm_triage.ceiling.hardware import ceiling_rows, decode_ceiling_tokens_per_s
+from vllm_triage.ceiling.sizing import (
     ModelSize,
     bytes_per_param,
     kv_bytes_per_token,
     model_size_from_config,
     model_size_from_parameters,
 )
-from daemon.errors import ConfigError
+from vllm_triage.errors import ConfigError
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.core.histogram import bucket_quantile, counter_delta, histogram_delta
-from daemon.core.model import Histogram
+from vllm_triage.core.histogram import bucket_quantile, counter_delta, histogram_delta
+from vllm_triage.core.model import Histogram
 
 INF = math.inf
 H = Histogram(bounds=(0.1, 0.5, 1.0, INF), cumulative=(10, 50, 90, 100), count=100, sum=42.0)

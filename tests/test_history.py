@@ -6,14 +6,14 @@ import math
 
 import pytest
 
-from daemon.assemble import build_evaluator, build_rulebook
-from daemon.core.evaluate import Evaluation
-from daemon.core.model import Diagnosis, Signals
-from daemon.core.parse import SnapshotParser
-from daemon.history import History, Ring
-from daemon.page.spec import load_spec
-from daemon.settings import load_settings
-from daemon.simulator import get_scenario, record
+from vllm_triage.assemble import build_evaluator, build_rulebook
+from vllm_triage.core.evaluate import Evaluation
+from vllm_triage.core.model import Diagnosis, Signals
+from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.history import History, Ring
+from vllm_triage.page.spec import load_spec
+from vllm_triage.settings import load_settings
+from vllm_triage.simulator import get_scenario, record
 
 RULES = build_rulebook(load_settings())
 KEYS = ("requests_running_mean", "requests_waiting_mean")

@@ -35,7 +35,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.simulator import get_scenario, record
+from vllm_triage.simulator import get_scenario, record
 
 from harness import free_port, refused_port, simulated
 
@@ -152,7 +152,16 @@ def run_daemon(
     log_path = tmp_path / "daemon.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "daemon.cli", "--log-format", "json", "run", "--config", path],
+            [
+                sys.executable,
+                "-m",
+                "vllm_triage.cli",
+                "--log-format",
+                "json",
+                "run",
+                "--config",
+                path,
+            ],
             stdout=log,
             stderr=log,
             cwd=tmp_path,  # not the checkout: ``-m`` puts the working folder first on the path
@@ -517,7 +526,16 @@ def cli(*args: str, timeout: float = 30) -> tuple[int, str, float, float]:
         "sys.stdout.buffer.write(out[:200000])\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", wrapper, str(timeout), sys.executable, "-m", "daemon.cli", *args],
+        [
+            sys.executable,
+            "-c",
+            wrapper,
+            str(timeout),
+            sys.executable,
+            "-m",
+            "vllm_triage.cli",
+            *args,
+        ],
         capture_output=True,
         cwd=tempfile.gettempdir(),
         timeout=timeout + 30,

@@ -17,11 +17,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from test_exporter import MODEL, watched
 
-from daemon.core.evaluate import Evaluation
-from daemon.core.report import iso
-from daemon.exporter import build_registry
-from daemon.http_server import ROUTES, Endpoints, HttpServer, split_listen
-from daemon.state import TargetState, View
+from vllm_triage.core.evaluate import Evaluation
+from vllm_triage.core.report import iso
+from vllm_triage.exporter import build_registry
+from vllm_triage.http_server import ROUTES, Endpoints, HttpServer, split_listen
+from vllm_triage.state import TargetState, View
 
 NOW = 1_767_230_000.0
 METHODS = ("POST", "PUT", "DELETE", "HEAD", "PATCH")

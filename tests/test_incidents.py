@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.core import incidents
-from daemon.core.incidents import RULES, Event, IncidentTracker, Rule, State, TrackRecord
-from daemon.core.model import Diagnosis, Reason
+from vllm_triage.core import incidents
+from vllm_triage.core.incidents import RULES, Event, IncidentTracker, Rule, State, TrackRecord
+from vllm_triage.core.model import Diagnosis, Reason
 
 
 def d(at: float, cause: str | None, model: str = "m") -> Diagnosis:

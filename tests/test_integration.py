@@ -23,14 +23,14 @@ from typing import Any
 import httpx
 import pytest
 
-from daemon.assemble import build_rulebook
-from daemon.core.diagnose import diagnose
-from daemon.core.names import SAMPLES
-from daemon.core.parse import parse_snapshot
-from daemon.core.window import Window
-from daemon.fleet import PrometheusSource, shard_of
-from daemon.settings import load_settings
-from daemon.simulator import get_scenario, record
+from vllm_triage.assemble import build_rulebook
+from vllm_triage.core.diagnose import diagnose
+from vllm_triage.core.names import SAMPLES
+from vllm_triage.core.parse import parse_snapshot
+from vllm_triage.core.window import Window
+from vllm_triage.fleet import PrometheusSource, shard_of
+from vllm_triage.settings import load_settings
+from vllm_triage.simulator import get_scenario, record
 
 from fleet_sim import PodGpus, dcgm_exposition, relabel, serving
 from harness import Receiver, free_port, metrics_url, running_daemon, simulated, wait_for

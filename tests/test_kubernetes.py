@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from daemon.http_server import split_listen
-from daemon.settings import load_settings
+from vllm_triage.http_server import split_listen
+from vllm_triage.settings import load_settings
 
 import k8s_rules
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import structlog
 
-from daemon.logs import configure
-from daemon.simulator import get_scenario
+from vllm_triage.logs import configure
+from vllm_triage.simulator import get_scenario
 
 from clirun import COMMAND
 from harness import metrics_url, refused_port, simulated

@@ -15,12 +15,12 @@ from typing import Any
 import httpx
 import pytest
 
-from daemon.core.alerts import GO_ZERO_TIME, fingerprint, go_time
-from daemon.core.model import Cause, Diagnosis, Reason, Transition
-from daemon.delivery import Delivery
-from daemon.notifier import Notifier
-from daemon.receivers import VALID_FOR_RESENDS
-from daemon.settings import Settings, load_settings
+from vllm_triage.core.alerts import GO_ZERO_TIME, fingerprint, go_time
+from vllm_triage.core.model import Cause, Diagnosis, Reason, Transition
+from vllm_triage.delivery import Delivery
+from vllm_triage.notifier import Notifier
+from vllm_triage.receivers import VALID_FOR_RESENDS
+from vllm_triage.settings import Settings, load_settings
 
 EXTERNAL = "http://triage.example:9468"
 TARGET = "gpu-0"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.errors import ConfigError
-from daemon.page import spec as spec_module
-from daemon.page.render import (
+from vllm_triage.errors import ConfigError
+from vllm_triage.page import spec as spec_module
+from vllm_triage.page.render import (
     ASSET_NAMES,
     UPLOT_VERSION,
     asset,
@@ -23,7 +23,7 @@ from daemon.page.render import (
     render_page,
     status_page,
 )
-from daemon.page.spec import PageSpec, load_spec
+from vllm_triage.page.spec import PageSpec, load_spec
 
 ASSETS = Path(__file__).resolve().parent.parent / "daemon" / "page" / "assets"
 DATA = re.compile(r'<script id="vt-data" type="application/json">(.*?)</script>', re.S)

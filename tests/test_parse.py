@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.core.parse import SnapshotParser, parse_snapshot
-from daemon.errors import ParseError
+from vllm_triage.core.parse import SnapshotParser, parse_snapshot
+from vllm_triage.errors import ParseError
 
 from conftest import fixture_text, reference_models, snapshot_models
 

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from daemon.probe import Prober, completions_url
-from daemon.settings import ProbeSettings, TargetSettings, load_settings
+from vllm_triage.probe import Prober, completions_url
+from vllm_triage.settings import ProbeSettings, TargetSettings, load_settings
 
 from conftest import fixture_text
 from harness import refused_port, running_daemon, wait_for

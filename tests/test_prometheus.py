@@ -16,7 +16,7 @@ import httpx
 import pytest
 from test_simulate_cmd import free_port, serve, wait_until_serving
 
-from daemon.simulator import Simulation, get_scenario
+from vllm_triage.simulator import Simulation, get_scenario
 
 pytestmark = pytest.mark.prometheus
 

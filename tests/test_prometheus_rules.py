@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from daemon.rules import read_bundled
+from vllm_triage.rules import read_bundled
 
 from rule_tests import NAMINGS, RULES_DIR, TESTS_DIR, path_for, render
 

@@ -8,9 +8,9 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from daemon.errors import ScrapeError
-from daemon.record import record
-from daemon.scrape import fetch
+from vllm_triage.errors import ScrapeError
+from vllm_triage.record import record
+from vllm_triage.scrape import fetch
 
 from conftest import fixture_text
 from localserver import serving

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from daemon.assemble import build_evaluator
-from daemon.core.evaluate import Evaluation
-from daemon.errors import RecordingError
-from daemon.recording import recording_files
-from daemon.replay import Skipped, replay
-from daemon.settings import load_settings
-from daemon.simulator import record
+from vllm_triage.assemble import build_evaluator
+from vllm_triage.core.evaluate import Evaluation
+from vllm_triage.errors import RecordingError
+from vllm_triage.recording import recording_files
+from vllm_triage.replay import Skipped, replay
+from vllm_triage.settings import load_settings
+from vllm_triage.simulator import record
 
 from clirun import vllm_triage
 

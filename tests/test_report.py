@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from daemon.core.model import Diagnosis, Reason, Transition
-from daemon.core.report import iso, transition_json, transition_text
+from vllm_triage.core.model import Diagnosis, Reason, Transition
+from vllm_triage.core.report import iso, transition_json, transition_text
 
 D = Diagnosis(
     model_name="m",

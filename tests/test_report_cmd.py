@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from daemon.assemble import build_evaluator
-from daemon.core.evaluate import Evaluation
-from daemon.pagedata import report_document
-from daemon.recording import recording_files
-from daemon.replay import replay
-from daemon.reportfile import write_report
-from daemon.settings import load_settings
-from daemon.simulator import get_scenario, record
+from vllm_triage.assemble import build_evaluator
+from vllm_triage.core.evaluate import Evaluation
+from vllm_triage.pagedata import report_document
+from vllm_triage.recording import recording_files
+from vllm_triage.replay import replay
+from vllm_triage.reportfile import write_report
+from vllm_triage.settings import load_settings
+from vllm_triage.simulator import get_scenario, record
 
 from clirun import vllm_triage
 

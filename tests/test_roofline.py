@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from daemon.core.model import Histogram, Signals
-from daemon.core.roofline import (
+from vllm_triage.core.model import Histogram, Signals
+from vllm_triage.core.roofline import (
     ITERATION_TOKENS,
     RUNNING,
     StepRoofline,
@@ -24,7 +24,7 @@ from daemon.core.roofline import (
     terms_by_weight,
     weights_only,
 )
-from daemon.core.rulebook import Ceiling, Roofline
+from vllm_triage.core.rulebook import Ceiling, Roofline
 
 H100 = 3350e9  # bytes/s
 H100_BF16 = 989.4e12  # FLOP/s

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
-from daemon.assemble import build_evaluator
-from daemon.ceiling.sizing import model_size_from_config
-from daemon.core.model import Diagnosis
-from daemon.core.parse import SnapshotParser
-from daemon.settings import load_settings
-from daemon.simulator import Phase, Scenario, ServerSpec, Simulation, Workload, server_spec
+from vllm_triage.assemble import build_evaluator
+from vllm_triage.ceiling.sizing import model_size_from_config
+from vllm_triage.core.model import Diagnosis
+from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.settings import load_settings
+from vllm_triage.simulator import Phase, Scenario, ServerSpec, Simulation, Workload, server_spec
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 #: The simulator runs the H100's dense bf16 at its default 50 % efficiency; the daemon

@@ -19,8 +19,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.commands.check import check
-from daemon.simulator import get_scenario
+from vllm_triage.commands.check import check
+from vllm_triage.simulator import get_scenario
 
 from clirun import COMMAND, stderr_lines, vllm_triage
 from harness import Receiver, free_port, metrics_url, refused_port, simulated, wait_for

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.errors import ConfigError
-from daemon.rules import list_bundled, read_bundled
-from daemon.simulator import (
+from vllm_triage.errors import ConfigError
+from vllm_triage.rules import list_bundled, read_bundled
+from vllm_triage.simulator import (
     SCENARIOS,
     Phase,
     Scenario,

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import structlog
 
-from daemon.settings import Settings, load_settings
-from daemon.simulator import get_scenario
+from vllm_triage.settings import Settings, load_settings
+from vllm_triage.simulator import get_scenario
 
 from harness import (
     Answer,

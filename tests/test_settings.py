@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.errors import ConfigError
-from daemon.settings import load_settings
+from vllm_triage.errors import ConfigError
+from vllm_triage.settings import load_settings
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from daemon.ceiling.sizing import read_config_json
-from daemon.errors import ConfigError
-from daemon.settings import ReceiverSettings, Settings, TargetSettings, load_settings
+from vllm_triage.ceiling.sizing import read_config_json
+from vllm_triage.errors import ConfigError
+from vllm_triage.settings import ReceiverSettings, Settings, TargetSettings, load_settings
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 LLAMA = CONFIGS / "llama-3.1-8b.json"

@@ -19,9 +19,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.core.parse import parse_snapshot
-from daemon.simulator import get_scenario
-from daemon.simulator.serve import CONTENT_TYPE, LiveSimulation
+from vllm_triage.core.parse import parse_snapshot
+from vllm_triage.simulator import get_scenario
+from vllm_triage.simulator.serve import CONTENT_TYPE, LiveSimulation
 
 from clirun import COMMAND, stderr_lines, vllm_triage
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from daemon.simulator import Arrival, Engine, RequestRecord, ServerSpec, Workload, llama_8b
+from vllm_triage.simulator import Arrival, Engine, RequestRecord, ServerSpec, Workload, llama_8b
 
 #: The seed table's A10G row with Llama-3.1-8B at 16 bits: ceiling 600/16.06 = 37 tokens/s.
 A10G = llama_8b(

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from daemon.simulator import (
+from vllm_triage.simulator import (
     SCENARIOS,
     Arrival,
     Engine,

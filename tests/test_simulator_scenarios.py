@@ -16,7 +16,7 @@ from functools import cache
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.simulator import SCENARIOS, get_scenario, record
+from vllm_triage.simulator import SCENARIOS, get_scenario, record
 
 START = 1_800_000_000.0
 INTERVAL = 15.0

@@ -11,14 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
-from daemon.core.parse import SnapshotParser
-from daemon.exporter import build_registry
-from daemon.http_server import Endpoints, HttpServer
-from daemon.pagedata import live_document
-from daemon.settings import TargetSettings, load_settings
-from daemon.simulator import get_scenario, record
-from daemon.state import TargetState
-from daemon.watcher import TargetWatcher
+from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.exporter import build_registry
+from vllm_triage.http_server import Endpoints, HttpServer
+from vllm_triage.pagedata import live_document
+from vllm_triage.settings import TargetSettings, load_settings
+from vllm_triage.simulator import get_scenario, record
+from vllm_triage.state import TargetState
+from vllm_triage.watcher import TargetWatcher
 
 START = 1_767_225_600.0
 SECRET_URL = "http://watcher:S3CRET-pw@127.0.0.1:1/metrics?token=S3CRET-query"

@@ -20,16 +20,16 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from daemon.core.alerts import Alert
-from daemon.core.dedup import LastSent
-from daemon.core.incidents import State, TrackRecord
-from daemon.core.model import Diagnosis, Reason, Transition
-from daemon.delivery import Delivery
-from daemon.notifier import Notifier
-from daemon.receivers import Notification, build_receiver
-from daemon.service import Daemon
-from daemon.settings import Settings, load_settings
-from daemon.store import (
+from vllm_triage.core.alerts import Alert
+from vllm_triage.core.dedup import LastSent
+from vllm_triage.core.incidents import State, TrackRecord
+from vllm_triage.core.model import Diagnosis, Reason, Transition
+from vllm_triage.delivery import Delivery
+from vllm_triage.notifier import Notifier
+from vllm_triage.receivers import Notification, build_receiver
+from vllm_triage.service import Daemon
+from vllm_triage.settings import Settings, load_settings
+from vllm_triage.store import (
     FILE_NAME,
     SCHEMA_VERSION,
     StateStore,

@@ -8,13 +8,13 @@ import math
 
 import pytest
 
-from daemon.assemble import build_evaluator, build_rulebook
-from daemon.core.diagnose import diagnose
-from daemon.core.incidents import IncidentTracker
-from daemon.core.model import Diagnosis, Quantile, Reason, Signals, Transition
-from daemon.core.parse import SnapshotParser
-from daemon.core.rulebook import Ceiling
-from daemon.core.timeline import (
+from vllm_triage.assemble import build_evaluator, build_rulebook
+from vllm_triage.core.diagnose import diagnose
+from vllm_triage.core.incidents import IncidentTracker
+from vllm_triage.core.model import Diagnosis, Quantile, Reason, Signals, Transition
+from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.core.rulebook import Ceiling
+from vllm_triage.core.timeline import (
     breach_began,
     for_display,
     incidents,
@@ -22,8 +22,8 @@ from daemon.core.timeline import (
     point_values,
     setting_values,
 )
-from daemon.settings import load_settings
-from daemon.simulator import get_scenario, record
+from vllm_triage.settings import load_settings
+from vllm_triage.simulator import get_scenario, record
 
 RULES = build_rulebook(load_settings())
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.core.model import (
+from vllm_triage.core.model import (
     Histogram,
     KVPool,
     ModelSeries,
@@ -17,7 +17,7 @@ from daemon.core.model import (
     Snapshot,
     WindowTotals,
 )
-from daemon.core.window import Window, _sum_steps, _window_deltas, signals_from_totals
+from vllm_triage.core.window import Window, _sum_steps, _window_deltas, signals_from_totals
 
 from snapshots import hist, snap
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from daemon.errors import ConfigError
-from daemon.rules import bundled_path, read_bundled
+from vllm_triage.errors import ConfigError
+from vllm_triage.rules import bundled_path, read_bundled
 
 GPU_TABLE = "gpus.yaml"
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from daemon.ceiling.gpus import GPU
-from daemon.ceiling.sizing import ModelSize
+from vllm_triage.ceiling.gpus import GPU
+from vllm_triage.ceiling.sizing import ModelSize
 
 
 def decode_ceiling_tokens_per_s(

@@ -1,6 +1,6 @@
 """From what the user says about a model and a card to the core's ``Ceiling``: one place.
 
-Both the daemon's settings (``daemon.assemble``) and ``vllm-triage ceiling`` describe a
+Both the daemon's settings (``vllm_triage.assemble``) and ``vllm-triage ceiling`` describe a
 model either by its parameter count and dtype or by its ``config.json``; the demo
 describes a simulated card by its bandwidth. Each goes through here.
 """
@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from daemon.ceiling.hardware import decode_ceiling_tokens_per_s
-from daemon.ceiling.sizing import (
+from vllm_triage.ceiling.hardware import decode_ceiling_tokens_per_s
+from vllm_triage.ceiling.sizing import (
     ModelSize,
     bytes_per_param,
     model_size_from_config,
     model_size_from_parameters,
     read_config_json,
 )
-from daemon.core.rulebook import Ceiling, Roofline
-from daemon.errors import ConfigError
+from vllm_triage.core.rulebook import Ceiling, Roofline
+from vllm_triage.errors import ConfigError
 
 
 def model_size(

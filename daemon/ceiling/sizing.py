@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daemon.errors import ConfigError
-from daemon.rules import read_small_text
+from vllm_triage.errors import ConfigError
+from vllm_triage.rules import read_small_text
 
 # Canonical name and bytes per weight. 4-bit formats count 0.5 byte and leave out their
 # scales and zero points (a few percent), as the seed's arithmetic does.

@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from daemon.ceiling.gpus import find_gpu, load_gpu_table
-from daemon.ceiling.hardware import ceiling_rows
-from daemon.ceiling.resolve import model_size
-from daemon.ceiling.sizing import ModelSize
-from daemon.commands.argtypes import fraction, positive_float, positive_int
-from daemon.errors import ConfigError
+from vllm_triage.ceiling.gpus import find_gpu, load_gpu_table
+from vllm_triage.ceiling.hardware import ceiling_rows
+from vllm_triage.ceiling.resolve import model_size
+from vllm_triage.ceiling.sizing import ModelSize
+from vllm_triage.commands.argtypes import fraction, positive_float, positive_int
+from vllm_triage.errors import ConfigError
 
 DESCRIPTION = """\
 Print the decode ceiling (tokens/s for one stream) of a model on each GPU of the bundled

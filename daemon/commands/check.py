@@ -30,10 +30,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from daemon.commands.argtypes import http_url, positive_float, positive_int
+from vllm_triage.commands.argtypes import http_url, positive_float, positive_int
 
 if TYPE_CHECKING:
-    from daemon.core.evaluate import Evaluation
+    from vllm_triage.core.evaluate import Evaluation
 
 Verdict = Literal["healthy", "incident", "cannot_tell"]
 EXIT: dict[Verdict, int] = {"healthy": 0, "incident": 1, "cannot_tell": 3}
@@ -117,14 +117,14 @@ def check(
     """Scrape and diagnose; ``progress(done, of, outcome)`` is told after each scrape."""
     import httpx
 
-    from daemon.assemble import build_rulebook
-    from daemon.core.evaluate import Evaluator
-    from daemon.core.parse import SnapshotParser
-    from daemon.core.report import diagnosis_dict
-    from daemon.errors import ParseError, ScrapeError
-    from daemon.redact import safe_url
-    from daemon.scrape import DEFAULT_MAX_BODY_BYTES, fetch, not_metrics_hint
-    from daemon.settings import load_settings
+    from vllm_triage.assemble import build_rulebook
+    from vllm_triage.core.evaluate import Evaluator
+    from vllm_triage.core.parse import SnapshotParser
+    from vllm_triage.core.report import diagnosis_dict
+    from vllm_triage.errors import ParseError, ScrapeError
+    from vllm_triage.redact import safe_url
+    from vllm_triage.scrape import DEFAULT_MAX_BODY_BYTES, fetch, not_metrics_hint
+    from vllm_triage.settings import load_settings
 
     settings = load_settings(config)
     # The window must hold every scrape of the check, whatever the settings say. The

@@ -21,10 +21,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from daemon.assemble import build_rulebook
-    from daemon.redact import masked_urls
-    from daemon.settings import load_settings
-    from daemon.store import default_state_dir
+    from vllm_triage.assemble import build_rulebook
+    from vllm_triage.redact import masked_urls
+    from vllm_triage.settings import load_settings
+    from vllm_triage.store import default_state_dir
 
     settings = load_settings(args.config)
     # Building the rulebooks resolves each GPU name and reads each config.json too.

@@ -8,11 +8,11 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from daemon.commands.argtypes import positive_float
-from daemon.errors import ConfigError
+from vllm_triage.commands.argtypes import positive_float
+from vllm_triage.errors import ConfigError
 
 if TYPE_CHECKING:
-    from daemon.demo.live import LiveDemoResult
+    from vllm_triage.demo.live import LiveDemoResult
 
 
 DESCRIPTION = """\
@@ -34,7 +34,7 @@ settings error; 130 interrupted (Ctrl-C)."""
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from daemon.demo.offline import DEFAULT_SCENARIOS
+    from vllm_triage.demo.offline import DEFAULT_SCENARIOS
 
     p = sub.add_parser(
         "demo",
@@ -106,7 +106,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def _scenarios(args: argparse.Namespace) -> None:
     """Unknown scenario names are a usage error, said before anything starts."""
-    from daemon.simulator import get_scenario
+    from vllm_triage.simulator import get_scenario
 
     for name in args.scenario or ():
         try:
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_offline(args)
     if args.record or args.format != "text":
         raise ConfigError("--record and --format need --offline")
-    from daemon.demo.live import DEFAULT_LIVE, run_live_demo
+    from vllm_triage.demo.live import DEFAULT_LIVE, run_live_demo
 
     names = tuple(dict.fromkeys(args.scenario or DEFAULT_LIVE))
     outcome: dict[str, int] = {}
@@ -175,8 +175,8 @@ def _report(result: LiveDemoResult) -> int:
 def _run_offline(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from daemon.core.report import transition_json, transition_text
-    from daemon.demo.offline import DEFAULT_SCENARIOS, run_demo
+    from vllm_triage.core.report import transition_json, transition_text
+    from vllm_triage.demo.offline import DEFAULT_SCENARIOS, run_demo
 
     names = tuple(args.scenario or DEFAULT_SCENARIOS)
     text = args.format == "text"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from daemon.commands.argtypes import http_url, positive_float, positive_int
+from vllm_triage.commands.argtypes import http_url, positive_float, positive_int
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -57,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from daemon.record import record
+    from vllm_triage.record import record
 
     stats = record(
         args.url,

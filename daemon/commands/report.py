@@ -33,8 +33,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from daemon.reportfile import write_report
-    from daemon.settings import load_settings
+    from vllm_triage.reportfile import write_report
+    from vllm_triage.settings import load_settings
 
     try:
         written = write_report(args.directory, load_settings(args.config), args.out)

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 from urllib.parse import urlsplit
 
-from daemon.commands.argtypes import positive_float
+from vllm_triage.commands.argtypes import positive_float
 
 DESCRIPTION = """\
 Watch one or more vLLM servers: scrape each /metrics every interval, diagnose why
@@ -36,7 +36,7 @@ example:
 def target_arg(text: str) -> dict[str, str]:
     """``NAME=URL`` or a bare URL (named after its host and port, as a config target
     without a name is: ``settings.target_name``)."""
-    from daemon.settings import target_name
+    from vllm_triage.settings import target_name
 
     name, sep, url = text.partition("=")
     if not sep or "://" in name:
@@ -95,10 +95,10 @@ def flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from daemon.errors import ConfigError
-    from daemon.service import Daemon
-    from daemon.settings import load_settings
-    from daemon.store import default_state_dir
+    from vllm_triage.errors import ConfigError
+    from vllm_triage.service import Daemon
+    from vllm_triage.settings import load_settings
+    from vllm_triage.store import default_state_dir
 
     settings = load_settings(args.config, flags(args))
     if not settings.targets and settings.source == "scrape":

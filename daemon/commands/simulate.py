@@ -1,6 +1,6 @@
 """``vllm-triage simulate``: a simulated vLLM server, as a recording or as a live endpoint.
 
-The simulator (``daemon.simulator``) steps a physically modelled vLLM server in virtual
+The simulator (``vllm_triage.simulator``) steps a physically modelled vLLM server in virtual
 time and renders ``/metrics`` as vLLM does. This command makes it useful outside the
 test suite: ``--record`` writes what ``record`` would have captured (no waiting: ten
 simulated minutes take seconds), ready for ``replay``; ``--port`` serves it, so that the
@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from daemon.commands.argtypes import port_number, positive_float, unix_time
-from daemon.errors import ConfigError
-from daemon.simulator import Scenario, get_scenario, hold_last_phase, record, scenario_names
+from vllm_triage.commands.argtypes import port_number, positive_float, unix_time
+from vllm_triage.errors import ConfigError
+from vllm_triage.simulator import Scenario, get_scenario, hold_last_phase, record, scenario_names
 
 #: 2026-01-01T00:00:00Z, the demo's start too: the same command writes the same files.
 DEFAULT_START = 1_767_225_600.0
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace, scenario: Scenario) -> int:
-    from daemon.recording import write_atomically
+    from vllm_triage.recording import write_atomically
 
     directory = Path(args.record)
     interval = args.interval or DEFAULT_INTERVAL_S
@@ -200,7 +200,7 @@ class _StopFlag:
 
 
 def _serve(args: argparse.Namespace, scenario: Scenario) -> int:
-    from daemon.simulator.serve import SimulatedServer
+    from vllm_triage.simulator.serve import SimulatedServer
 
     host = args.host or DEFAULT_HOST
     try:

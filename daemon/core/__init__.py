@@ -6,7 +6,7 @@
 
 ``evaluate.Evaluator.step`` is the one entry point. Nothing here reads a clock, touches
 the network or keeps global state, and nothing here imports anything outside this package
-except ``daemon.errors`` (``tests/test_core_imports.py`` checks it): every snapshot carries
+except ``vllm_triage.errors`` (``tests/test_core_imports.py`` checks it): every snapshot carries
 its own time, so a recording replays exactly as it ran. ``docs/architecture.md`` draws the
 whole tree.
 """

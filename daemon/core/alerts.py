@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 from urllib.parse import quote
 
-from daemon.core.model import Cause, Diagnosis, Transition
+from vllm_triage.core.model import Cause, Diagnosis, Transition
 
 ALERTNAMES: dict[Cause, str] = {
     "stalled": "VllmEngineStalled",

@@ -23,7 +23,7 @@ explains a later symptom and wins:
 3. ``prefill_bound``: TTFT breached with the queue not to blame; or ITL breached while
    most engine time goes to prefill (prefill interference: the prompts, not decode).
 4. ``decode_bound``: ITL breached, split by the decode step roofline (the step's floor
-   over the measured step, ``daemon.core.roofline``) into "at the hardware limit" and
+   over the measured step, ``vllm_triage.core.roofline``) into "at the hardware limit" and
    "below it: the serving stack".
 
 Pure: the same ``Signals`` and ``Rulebook`` always give the same ``Diagnosis``.
@@ -34,8 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from daemon.core import roofline
-from daemon.core.model import (
+from vllm_triage.core import roofline
+from vllm_triage.core.model import (
     CAUSES,
     Cause,
     Contribution,
@@ -44,8 +44,8 @@ from daemon.core.model import (
     Quantile,
     Signals,
 )
-from daemon.core.roofline import StepRoofline
-from daemon.core.rulebook import Rulebook, Thresholds
+from vllm_triage.core.roofline import StepRoofline
+from vllm_triage.core.rulebook import Rulebook, Thresholds
 
 #: The causes judged from the symptoms, in causal order (``stalled`` is judged first, alone).
 SYMPTOM_CAUSES: tuple[Cause, ...] = tuple(c for c in CAUSES if c != "stalled")

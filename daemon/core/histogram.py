@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from daemon.core.model import Histogram, Quantile
+from vllm_triage.core.model import Histogram, Quantile
 
 
 def counter_delta(newer: float, older: float) -> float:

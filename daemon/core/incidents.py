@@ -47,7 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from daemon.core.model import CAUSES, Cause, Diagnosis, Reason, Transition
+from vllm_triage.core.model import CAUSES, Cause, Diagnosis, Reason, Transition
 
 
 class State(enum.StrEnum):

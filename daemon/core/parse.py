@@ -37,9 +37,9 @@ import re
 from collections.abc import Collection, Generator
 from dataclasses import dataclass, field
 
-from daemon.core.model import Era, Histogram, KVPool, ModelSeries, Snapshot
-from daemon.core.names import COUNTER_FIELDS, GAUGE_FIELDS, HISTOGRAM_FIELDS, PREFIXES, SAMPLES
-from daemon.errors import ParseError, TooCostlyError
+from vllm_triage.core.model import Era, Histogram, KVPool, ModelSeries, Snapshot
+from vllm_triage.core.names import COUNTER_FIELDS, GAUGE_FIELDS, HISTOGRAM_FIELDS, PREFIXES, SAMPLES
+from vllm_triage.errors import ParseError, TooCostlyError
 
 # Written so that no two parts can match the same text (whitespace belongs to the
 # separators only; a quoted string is the "unrolled loop" form; a number's digits can

@@ -6,7 +6,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from daemon.core.model import Diagnosis, Transition
+from vllm_triage.core.model import Diagnosis, Transition
 
 
 def iso(at: float) -> str:

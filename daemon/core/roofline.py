@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from daemon.core.model import Histogram, Signals
-from daemon.core.rulebook import Ceiling, Roofline
+from vllm_triage.core.model import Histogram, Signals
+from vllm_triage.core.rulebook import Ceiling, Roofline
 
 Bound = Literal["memory", "compute"]
 Term = Literal["weights", "kv", "draft", "compute"]

@@ -2,7 +2,7 @@
 and the hardware and model facts of the decode step roofline.
 
 Plain frozen dataclasses, so that the core depends on nothing but itself: the settings
-layer (``daemon.settings``, pydantic) validates the user's values and ``daemon.assemble``
+layer (``vllm_triage.settings``, pydantic) validates the user's values and ``vllm_triage.assemble``
 converts them into these once, at start-up. The meaning of every threshold is in
 ``rules/defaults.yaml`` beside its default value.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from daemon.core.model import Cause
+from vllm_triage.core.model import Cause
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ class Ceiling:
 @dataclass(frozen=True, slots=True)
 class Roofline:
     """What the decode step roofline needs to know about the card and the model
-    (``docs/physics.md``, "The decode roofline"); ``daemon.core.roofline`` does the sums.
+    (``docs/physics.md``, "The decode roofline"); ``vllm_triage.core.roofline`` does the sums.
 
     Bytes and parameters are the whole model's: the arithmetic divides them over
     ``tensor_parallel_size`` GPUs. ``None`` is "unknown": that term is left out of the

@@ -17,9 +17,9 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from daemon.core.diagnose import measurements
-from daemon.core.model import Diagnosis, Quantile, Reason, Signals, Transition
-from daemon.core.rulebook import Ceiling, Rulebook, Slo, Thresholds
+from vllm_triage.core.diagnose import measurements
+from vllm_triage.core.model import Diagnosis, Quantile, Reason, Signals, Transition
+from vllm_triage.core.rulebook import Ceiling, Rulebook, Slo, Thresholds
 
 #: Prefixes of the keys that name a setting in force rather than a measurement.
 SETTING_PREFIXES = ("slo.", "thresholds.", "ceiling.")

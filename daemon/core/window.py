@@ -19,14 +19,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from daemon.core.histogram import (
+from vllm_triage.core.histogram import (
     bucket_quantile,
     counter_delta,
     histogram_add,
     histogram_delta,
     observations,
 )
-from daemon.core.model import (
+from vllm_triage.core.model import (
     GaugeStats,
     Histogram,
     ModelSeries,
@@ -36,7 +36,7 @@ from daemon.core.model import (
     Snapshot,
     WindowTotals,
 )
-from daemon.core.names import COUNTER_FIELDS, HISTOGRAM_FIELDS
+from vllm_triage.core.names import COUNTER_FIELDS, HISTOGRAM_FIELDS
 
 #: The series vLLM writes only when its engine completes a step (docs/physics.md,
 #: "stalled"): token and step counters, the TTFT and ITL observation counts, and the

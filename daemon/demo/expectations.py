@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from daemon.simulator import Scenario
+from vllm_triage.simulator import Scenario
 
 HEALTHY = "healthy"
 

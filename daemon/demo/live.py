@@ -27,19 +27,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from daemon.core.model import Transition
-from daemon.core.report import transition_text
-from daemon.demo.expectations import Event, Segment, problems, segments
-from daemon.demo.offline import START_AT, TAIL_S, expected_of, scenario_facts
-from daemon.demo.sink import WebhookSink
-from daemon.demo.tour_report import LiveRecorder, demo_folder
-from daemon.demo.view import DemoTarget, render, status_lines
-from daemon.errors import ConfigError, RecordingError
-from daemon.reportfile import WrittenReport, write_report
-from daemon.service import Daemon
-from daemon.settings import Settings, load_settings
-from daemon.simulator import Scenario, get_scenario
-from daemon.simulator.serve import SimulatedServer
+from vllm_triage.core.model import Transition
+from vllm_triage.core.report import transition_text
+from vllm_triage.demo.expectations import Event, Segment, problems, segments
+from vllm_triage.demo.offline import START_AT, TAIL_S, expected_of, scenario_facts
+from vllm_triage.demo.sink import WebhookSink
+from vllm_triage.demo.tour_report import LiveRecorder, demo_folder
+from vllm_triage.demo.view import DemoTarget, render, status_lines
+from vllm_triage.errors import ConfigError, RecordingError
+from vllm_triage.reportfile import WrittenReport, write_report
+from vllm_triage.service import Daemon
+from vllm_triage.settings import Settings, load_settings
+from vllm_triage.simulator import Scenario, get_scenario
+from vllm_triage.simulator.serve import SimulatedServer
 
 #: The default target: the tour through every cause, on one card.
 DEFAULT_LIVE = ("tour",)

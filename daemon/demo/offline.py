@@ -1,6 +1,6 @@
 """The built-in demo: each simulated situation, diagnosed by the same core as a live run.
 
-No GPU and no vLLM needed: ``daemon.simulator`` steps a physically modelled vLLM server
+No GPU and no vLLM needed: ``vllm_triage.simulator`` steps a physically modelled vLLM server
 in virtual time and renders its /metrics exactly as vLLM does; each scrape goes through
 the parser, the window, the classifier and the incident tracker, as ``replay`` would
 take it. Each scenario runs on its own hardware (from rules/gpus.yaml), and the core is
@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daemon.assemble import build_evaluator
-from daemon.core.model import Cause, Transition
-from daemon.core.parse import SnapshotParser
-from daemon.demo.expectations import Event, problems, segments
-from daemon.recording import write_atomically
-from daemon.settings import Settings, load_settings
-from daemon.simulator import Scenario, get_scenario, record
+from vllm_triage.assemble import build_evaluator
+from vllm_triage.core.model import Cause, Transition
+from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.demo.expectations import Event, problems, segments
+from vllm_triage.recording import write_atomically
+from vllm_triage.settings import Settings, load_settings
+from vllm_triage.simulator import Scenario, get_scenario, record
 
 #: The demo's order: a healthy baseline, then one scenario per cause.
 DEFAULT_SCENARIOS = ("healthy", "prefill_bound", "decode_bound", "queue_bound", "kv_pressure")

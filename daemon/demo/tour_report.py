@@ -15,9 +15,9 @@ from pathlib import Path
 
 import httpx
 
-from daemon.errors import ScrapeError
-from daemon.recording import write_atomically
-from daemon.scrape import DEFAULT_MAX_BODY_BYTES, fetch
+from vllm_triage.errors import ScrapeError
+from vllm_triage.recording import write_atomically
+from vllm_triage.scrape import DEFAULT_MAX_BODY_BYTES, fetch
 
 
 class LiveRecorder:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from daemon.core.incidents import Active, State
-from daemon.core.model import Diagnosis, Quantile, Signals, Transition
-from daemon.state import TargetState, View
+from vllm_triage.core.incidents import Active, State
+from vllm_triage.core.model import Diagnosis, Quantile, Signals, Transition
+from vllm_triage.state import TargetState, View
 
 
 @dataclass(frozen=True, slots=True)

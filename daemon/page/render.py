@@ -18,8 +18,8 @@ from importlib import resources
 from string import Template
 from typing import Any
 
-from daemon import __version__
-from daemon.errors import ConfigError
+from vllm_triage import __version__
+from vllm_triage.errors import ConfigError
 
 UPLOT_VERSION = "1.6.32"
 ASSET_NAMES = (
@@ -35,7 +35,9 @@ ASSET_NAMES = (
 @functools.cache
 def asset(name: str) -> str:
     try:
-        return resources.files("daemon.page").joinpath("assets", name).read_text(encoding="utf-8")
+        return (
+            resources.files("vllm_triage.page").joinpath("assets", name).read_text(encoding="utf-8")
+        )
     except OSError as exc:
         raise ConfigError(
             f"daemon/page/assets/{name}: missing ({exc}); reinstall vllm-triage"

@@ -9,9 +9,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from daemon.core.timeline import SETTING_PREFIXES
-from daemon.errors import ConfigError
-from daemon.rules import bundled_path, read_bundled
+from vllm_triage.core.timeline import SETTING_PREFIXES
+from vllm_triage.errors import ConfigError
+from vllm_triage.rules import bundled_path, read_bundled
 
 SPEC_FILE = "report.yaml"
 _FROZEN = ConfigDict(frozen=True, extra="forbid")

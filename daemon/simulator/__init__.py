@@ -10,16 +10,16 @@ endpoint. Apart from ``serve``: no clock, no network, no globals, and the same s
 gives the same text.
 """
 
-from daemon.simulator.engine import Arrival, Engine, ServerSpec, Workload
-from daemon.simulator.exposition import Naming, format_value, render
-from daemon.simulator.scenario_files import (
+from vllm_triage.simulator.engine import Arrival, Engine, ServerSpec, Workload
+from vllm_triage.simulator.exposition import Naming, format_value, render
+from vllm_triage.simulator.scenario_files import (
     SCENARIOS,
     get_scenario,
     load_scenario_file,
     parse_scenario,
     scenario_names,
 )
-from daemon.simulator.scenarios import (
+from vllm_triage.simulator.scenarios import (
     LLAMA_8B,
     Phase,
     Scenario,
@@ -27,8 +27,8 @@ from daemon.simulator.scenarios import (
     llama_8b,
     server_spec,
 )
-from daemon.simulator.simulation import Simulation, record
-from daemon.simulator.stats import (
+from vllm_triage.simulator.simulation import Simulation, record
+from vllm_triage.simulator.stats import (
     FINISHED_REASONS,
     EngineStats,
     FinishedReason,

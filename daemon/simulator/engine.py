@@ -58,7 +58,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from daemon.simulator.stats import EngineStats, FinishedReason, RequestRecord
+from vllm_triage.simulator.stats import EngineStats, FinishedReason, RequestRecord
 
 SizeDistribution = Literal["uniform", "lognormal"]
 
@@ -67,7 +67,7 @@ SizeDistribution = Literal["uniform", "lognormal"]
 class ServerSpec:
     """One vLLM server: the card's two limits, the model's bytes and FLOPs, vLLM's caps.
 
-    Plain numbers on purpose (see ``daemon.ceiling.hardware`` for a GPU table): ``weight_bytes`` is
+    Plain numbers on purpose (``vllm_triage.ceiling.hardware`` has a GPU table): ``weight_bytes`` is
     what one decode step reads (per GPU under tensor parallelism, active experts only for
     a mixture of experts), ``parameters`` what one token multiplies through.
     """

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from daemon.simulator import buckets
-from daemon.simulator.engine import Engine
-from daemon.simulator.stats import FINISHED_REASONS, Histogram
+from vllm_triage.simulator import buckets
+from vllm_triage.simulator.engine import Engine
+from vllm_triage.simulator.stats import FINISHED_REASONS, Histogram
 
 Naming = Literal["v0", "v1"]
 Labels = dict[str, str]

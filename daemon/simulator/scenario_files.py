@@ -1,7 +1,7 @@
 """Scenario files: YAML that says which server sees which load, bundled or the user's own.
 
 The named scenarios ship in ``rules/scenarios/<name>.yaml`` (the package
-``daemon.bundled_rules``), as data rather than code, so that a user can copy one, change
+``vllm_triage.bundled_rules``), as data rather than code, so that a user can copy one, change
 the numbers and run it (``vllm-triage simulate --scenario ./mine.yaml``). The schema is
 strict (unknown keys, quoted numbers and impossible values are refused) and every error
 is a ``ConfigError`` naming the file and the key, because a silently ignored typo would
@@ -21,12 +21,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from daemon.ceiling.gpus import find_gpu
-from daemon.ceiling.sizing import bytes_per_param
-from daemon.errors import ConfigError
-from daemon.rules import bundled_path, list_bundled, read_bundled, read_file
-from daemon.simulator.engine import ServerSpec, Workload
-from daemon.simulator.scenarios import LLAMA_8B, Expectation, Phase, Scenario, server_spec
+from vllm_triage.ceiling.gpus import find_gpu
+from vllm_triage.ceiling.sizing import bytes_per_param
+from vllm_triage.errors import ConfigError
+from vllm_triage.rules import bundled_path, list_bundled, read_bundled, read_file
+from vllm_triage.simulator.engine import ServerSpec, Workload
+from vllm_triage.simulator.scenarios import LLAMA_8B, Expectation, Phase, Scenario, server_spec
 
 FOLDER = "scenarios"
 

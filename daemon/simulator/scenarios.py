@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from daemon.ceiling.gpus import find_gpu
-from daemon.ceiling.sizing import bytes_per_param
-from daemon.simulator.engine import ServerSpec, Workload
+from vllm_triage.ceiling.gpus import find_gpu
+from vllm_triage.ceiling.sizing import bytes_per_param
+from vllm_triage.simulator.engine import ServerSpec, Workload
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 

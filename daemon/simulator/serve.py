@@ -28,9 +28,9 @@ from urllib.parse import urlsplit
 
 import structlog
 
-from daemon.simulator.exposition import Naming
-from daemon.simulator.scenarios import Scenario, hold_last_phase
-from daemon.simulator.simulation import Simulation
+from vllm_triage.simulator.exposition import Naming
+from vllm_triage.simulator.scenarios import Scenario, hold_last_phase
+from vllm_triage.simulator.simulation import Simulation
 
 #: What vLLM (prometheus_client) sends for the classic text format.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -3,7 +3,7 @@
 Kept apart from ``scenarios`` (what a scenario is) and ``scenario_files`` (reading them
 from YAML) so that each stays small: this module only turns a ``Scenario`` into
 ``/metrics`` text at chosen instants, for ``record`` (a recording, no waiting) and for
-``daemon.simulator.serve`` (a live endpoint that follows the wall clock).
+``vllm_triage.simulator.serve`` (a live endpoint that follows the wall clock).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 
-from daemon.simulator.engine import Arrival, Engine, ServerSpec
-from daemon.simulator.exposition import Naming, render
-from daemon.simulator.scenario_files import get_scenario
-from daemon.simulator.scenarios import Scenario
+from vllm_triage.simulator.engine import Arrival, Engine, ServerSpec
+from vllm_triage.simulator.exposition import Naming, render
+from vllm_triage.simulator.scenario_files import get_scenario
+from vllm_triage.simulator.scenarios import Scenario
 
 
 class _Feed:

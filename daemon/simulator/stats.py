@@ -10,7 +10,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Literal
 
-from daemon.simulator.buckets import (
+from vllm_triage.simulator.buckets import (
     ITERATION_TOKENS_V1,
     ITL_V1,
     REQUEST_LATENCY_V1,

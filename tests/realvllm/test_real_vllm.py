@@ -38,11 +38,11 @@ from realvllm.server import (
 )
 from realvllm.trim import save_trimmed
 
-from daemon.assemble import build_evaluator
-from daemon.core.evaluate import Evaluation
-from daemon.core.model import Transition
-from daemon.replay import replay
-from daemon.settings import load_settings
+from vllm_triage.assemble import build_evaluator
+from vllm_triage.core.evaluate import Evaluation
+from vllm_triage.core.model import Transition
+from vllm_triage.replay import replay
+from vllm_triage.settings import load_settings
 
 from clirun import COMMAND
 

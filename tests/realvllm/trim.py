@@ -10,7 +10,7 @@ from pathlib import Path
 
 from realvllm.server import ServerFlags, vllm_python
 
-from daemon.core.names import SAMPLES
+from vllm_triage.core.names import SAMPLES
 
 
 def _families() -> set[str]:
