@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from vllm_triage.assemble import build_evaluator
+from vllm_triage.config.schema import load_settings
 from vllm_triage.core.parse import SnapshotParser
-from vllm_triage.settings import load_settings
 
 from payloads import many_models, one_model
 

@@ -107,9 +107,9 @@ def _serve(port_out: Any, stop: Any) -> None:
 def _run_daemon(n: int, port: int, out: Any) -> None:
     """A daemon with ``n`` targets, on core 0, for TICKS intervals; what it managed."""
     os.sched_setaffinity(0, {0})
+    from vllm_triage.config.schema import load_settings
     from vllm_triage.logs import configure
     from vllm_triage.service import Daemon
-    from vllm_triage.settings import load_settings
 
     configure("error", json=True)
     settings = load_settings(
@@ -206,9 +206,9 @@ def _memory(n: int, out: Any) -> None:
     """RSS of a daemon with ``n`` targets fed two simulated hours of scrapes. The scrapes
     are rendered as they are needed, by one simulation per scenario (targets of the same
     scenario see the same text), so the benchmark holds no recording in memory."""
+    from vllm_triage.config.schema import load_settings
     from vllm_triage.logs import configure
     from vllm_triage.service import Daemon
-    from vllm_triage.settings import load_settings
     from vllm_triage.simulator import Simulation, get_scenario, hold_last_phase
 
     configure("error", json=True)
@@ -263,9 +263,9 @@ def bench_memory(counts: list[int]) -> list[dict[str, Any]]:
 
 def bench_detection(speed: float = 10.0) -> list[dict[str, Any]]:
     """Per cause: evaluations from the first breached window to the firing delivery."""
+    from vllm_triage.config.schema import load_settings
     from vllm_triage.demo.live import scaled_clock
     from vllm_triage.logs import configure
-    from vllm_triage.settings import load_settings
     from vllm_triage.simulator import get_scenario
 
     from harness import Receiver, metrics_url, running_daemon, simulated, wait_for
@@ -326,9 +326,9 @@ def bench_delivery(n: int = 200) -> dict[str, float]:
     """Milliseconds from a notification submitted to its arrival at a local receiver."""
     import httpx
 
-    from vllm_triage.delivery import Delivery
-    from vllm_triage.receivers import Notification, build_receiver
-    from vllm_triage.settings import ReceiverSettings
+    from vllm_triage.config.schema import ReceiverSettings
+    from vllm_triage.notify.delivery import Delivery
+    from vllm_triage.notify.receivers import Notification, build_receiver
 
     from harness import Receiver
 

@@ -124,10 +124,10 @@ def _measure(n: int, url: str, end: float, out: Any) -> None:
     import httpx
     from prometheus_client import generate_latest
 
-    from vllm_triage.exporter import build_registry
-    from vllm_triage.fleet import PrometheusSource
+    from vllm_triage.config.schema import load_settings
+    from vllm_triage.fleet.source import PrometheusSource
     from vllm_triage.logs import configure
-    from vllm_triage.settings import load_settings
+    from vllm_triage.serve.exporter import build_registry
 
     configure("error", json=True)
     slices = "|".join(str(k) for k in range((n + SLICE - 1) // SLICE))

@@ -1,7 +1,7 @@
 """Benchmark: the daemon's peak resident memory under the largest scrape its bounds allow,
 for the sidecar's memory limit (deploy/kubernetes/deployment.yaml, README "Deploy").
 
-What can grow, and what bounds it (defaults, rules/defaults.yaml and daemon/settings.py):
+What can grow, and what bounds it (defaults, rules/defaults.yaml and daemon/config/schema.py):
 
 - one scrape body: ``max_body_bytes`` (16 MiB), held while it is parsed;
 - the window per target: ``window_seconds / interval_seconds`` snapshots (60 / 5 = 12) of
@@ -38,11 +38,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from vllm_triage.config.schema import load_settings
 from vllm_triage.core.alerts import firing_alert
 from vllm_triage.core.model import Diagnosis, Reason, Transition
 from vllm_triage.core.parse import SnapshotParser
-from vllm_triage.receivers import Notification, build_receiver
-from vllm_triage.settings import load_settings
+from vllm_triage.notify.receivers import Notification, build_receiver
 
 from payloads import many_models
 

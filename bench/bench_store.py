@@ -30,13 +30,13 @@ from pathlib import Path
 import httpx
 import structlog
 
+from vllm_triage.config.schema import load_settings
 from vllm_triage.core.alerts import firing_alert
 from vllm_triage.core.dedup import LastSent
 from vllm_triage.core.incidents import State, TrackRecord
 from vllm_triage.core.model import Diagnosis, Reason, Transition
-from vllm_triage.notifier import Notifier
-from vllm_triage.receivers import Notification
-from vllm_triage.settings import load_settings
+from vllm_triage.notify.notifier import Notifier
+from vllm_triage.notify.receivers import Notification
 from vllm_triage.store import StateStore
 
 N = 2000

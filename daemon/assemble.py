@@ -1,6 +1,6 @@
 """Settings -> the core's inputs: resolve the GPU name, read config.json, load remediation.
 
-This is the one place that turns validated user settings (pydantic, ``vllm_triage.settings``)
+This is the one place that turns validated user settings (pydantic, ``vllm_triage.config.schema``)
 into the core's plain dataclasses (``vllm_triage.core.rulebook``); it reads files, so it runs
 once at start-up (in the shell), and the core only ever sees the result.
 """
@@ -12,13 +12,13 @@ import functools
 from vllm_triage.ceiling.gpus import find_gpu
 from vllm_triage.ceiling.resolve import build_ceiling, build_roofline, model_size
 from vllm_triage.ceiling.sizing import ModelSize
+from vllm_triage.config.schema import Settings
 from vllm_triage.core.evaluate import Evaluator
 from vllm_triage.core.model import CAUSES, Cause
 from vllm_triage.core.parse import ParseLimits
 from vllm_triage.core.rulebook import Ceiling, Roofline, Rulebook, Slo, Thresholds
 from vllm_triage.errors import ConfigError
 from vllm_triage.rules import read_bundled
-from vllm_triage.settings import Settings
 
 
 @functools.cache

@@ -38,12 +38,12 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEve
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from vllm_triage import __version__
-from vllm_triage.exporter import build_registry
-from vllm_triage.fleet import PrometheusSource
-from vllm_triage.http_server import Endpoints, HttpServer
-from vllm_triage.notifier import Notifier
-from vllm_triage.pagedata import live_document
-from vllm_triage.settings import Settings
+from vllm_triage.config.schema import Settings
+from vllm_triage.fleet.source import PrometheusSource
+from vllm_triage.notify.notifier import Notifier
+from vllm_triage.serve.exporter import build_registry
+from vllm_triage.serve.listener import Endpoints, HttpServer
+from vllm_triage.serve.pagedata import live_document
 from vllm_triage.state import TargetState
 from vllm_triage.store import StateStore
 from vllm_triage.watcher import TargetWatcher

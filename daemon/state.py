@@ -15,8 +15,8 @@ from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.incidents import Active, State
 from vllm_triage.core.model import Cause, Transition
 from vllm_triage.core.rulebook import Ceiling
-from vllm_triage.history import History
-from vllm_triage.probe import ProbeStats
+from vllm_triage.scrape.probe import ProbeStats
+from vllm_triage.serve.history import History
 
 RECENT_TRANSITIONS = 20
 
@@ -62,7 +62,7 @@ class TargetState:
     recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))
     #: The active probe's counts, when the target has one.
     probe: ProbeStats | None = None
-    #: The last hour of evaluations, for the status page (bounded: ``vllm_triage.history``).
+    #: The last hour of evaluations, for the status page (bounded: ``vllm_triage.serve.history``).
     history: History | None = None
 
     def attempted(self, at: float, duration_s: float | None = None) -> None:

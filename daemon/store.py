@@ -49,7 +49,7 @@ import structlog
 from vllm_triage.core.alerts import Alert
 from vllm_triage.core.dedup import LastSent
 from vllm_triage.core.incidents import State, TrackRecord
-from vllm_triage.receivers import Notification
+from vllm_triage.notify.receivers import Notification
 
 log = structlog.get_logger("vllm_triage.store")
 

@@ -16,6 +16,7 @@ import httpx
 import structlog
 
 from vllm_triage.assemble import build_evaluator, build_rulebook, parse_limits
+from vllm_triage.config.schema import Settings, TargetSettings
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.incidents import TrackRecord
 from vllm_triage.core.model import Signals, Snapshot, Transition
@@ -23,14 +24,13 @@ from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.core.rulebook import Rulebook
 from vllm_triage.core.timeline import setting_values
 from vllm_triage.errors import ParseError, ScrapeError, TooCostlyError
-from vllm_triage.history import History
-from vllm_triage.httpauth import auth_headers
-from vllm_triage.notifier import Notifier
+from vllm_triage.net.auth import auth_headers
+from vllm_triage.net.fetch import fetch_async, not_metrics_hint
+from vllm_triage.net.redact import safe_url
+from vllm_triage.notify.notifier import Notifier
 from vllm_triage.page.spec import load_spec
-from vllm_triage.probe import Prober
-from vllm_triage.redact import safe_url
-from vllm_triage.scrape import fetch_async, not_metrics_hint
-from vllm_triage.settings import Settings, TargetSettings
+from vllm_triage.scrape.probe import Prober
+from vllm_triage.serve.history import History
 from vllm_triage.state import TargetState, View
 from vllm_triage.store import StateStore
 
@@ -93,7 +93,7 @@ class TargetWatcher:
                     target=target.name,
                     incidents=[f"{r.model_name}: {r.state} {r.cause or ''}" for r in self._saved],
                 )
-        #: The target's active probe, when its settings enable one (``daemon/probe.py``).
+        #: The target's active probe, when its settings enable one (``daemon/scrape/probe.py``).
         self.prober: Prober | None = None
         if target.probe.enabled:
             self.prober = Prober(target, client=client, model=self._probe_model, clock=clock)

@@ -19,12 +19,12 @@ import httpx
 import structlog
 from prometheus_client import generate_latest
 
+from vllm_triage.config.schema import ReceiverSettings, TargetSettings, load_settings
 from vllm_triage.core.parse import SnapshotParser
-from vllm_triage.delivery import Delivery
-from vllm_triage.exporter import build_registry
-from vllm_triage.receivers import build_receiver
-from vllm_triage.recording import recording_files
-from vllm_triage.settings import ReceiverSettings, TargetSettings, load_settings
+from vllm_triage.notify.delivery import Delivery
+from vllm_triage.notify.receivers import build_receiver
+from vllm_triage.recording.files import recording_files
+from vllm_triage.serve.exporter import build_registry
 from vllm_triage.state import TargetState
 from vllm_triage.watcher import TargetWatcher
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from vllm_triage.config.schema import Settings
 from vllm_triage.service import Daemon
-from vllm_triage.settings import Settings
 from vllm_triage.simulator import Scenario
 from vllm_triage.simulator.serve import SimulatedServer
 

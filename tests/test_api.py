@@ -1,4 +1,4 @@
-"""Tests for daemon/api.py: the /api/v1/diagnoses document, without HTTP."""
+"""Tests for daemon/serve/api.py: the /api/v1/diagnoses document, without HTTP."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from test_exporter import MODEL, watched
 
-from vllm_triage.api import diagnoses_json
 from vllm_triage.core.incidents import IncidentTracker
 from vllm_triage.core.model import Diagnosis
 from vllm_triage.core.report import iso
 from vllm_triage.core.rulebook import Ceiling
 from vllm_triage.demo.offline import START_AT
+from vllm_triage.serve.api import diagnoses_json
 from vllm_triage.state import TargetState
 
 NOW = START_AT + 3600

@@ -23,11 +23,11 @@ import pytest
 from selenium.webdriver import ActionChains, Chrome
 from selenium.webdriver.common.by import By
 
+from vllm_triage.config.schema import load_settings
 from vllm_triage.demo.live import scaled_clock
 from vllm_triage.demo.offline import START_AT
 from vllm_triage.page.spec import load_spec
-from vllm_triage.reportfile import write_report
-from vllm_triage.settings import load_settings
+from vllm_triage.recording.reportfile import write_report
 from vllm_triage.simulator import get_scenario
 
 from browser import Loaded, chromium, full_page_screenshot, load

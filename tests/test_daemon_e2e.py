@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from vllm_triage.config.schema import load_settings
 from vllm_triage.demo.live import demo_settings, scaled_clock
-from vllm_triage.settings import load_settings
 from vllm_triage.simulator import get_scenario
 
 from harness import Receiver, metrics_url, running_daemon, simulated, wait_for

@@ -1,4 +1,4 @@
-"""Tests for daemon/delivery.py against a real HTTP receiver on 127.0.0.1.
+"""Tests for daemon/notify/delivery.py against a real HTTP receiver on 127.0.0.1.
 
 ``Receiver`` is a small threaded HTTP server that records every request (path, headers,
 body, when) and answers from a plan: a status (with headers), or a hang. It can be
@@ -26,9 +26,9 @@ import pytest
 from structlog.testing import capture_logs
 from tenacity import wait_fixed
 
-from vllm_triage.delivery import Delivery, signature
-from vllm_triage.receivers import Notification, build_receiver
-from vllm_triage.settings import ReceiverSettings
+from vllm_triage.config.schema import ReceiverSettings
+from vllm_triage.notify.delivery import Delivery, signature
+from vllm_triage.notify.receivers import Notification, build_receiver
 
 #: How long a "hang" answer holds the request (released early when the receiver stops).
 HANG_S = 5.0

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from vllm_triage.config.schema import load_settings
 from vllm_triage.core.incidents import State
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.demo.expectations import Event, Segment, problems, segments
@@ -21,7 +22,6 @@ from vllm_triage.demo.offline import (
 )
 from vllm_triage.demo.view import DemoTarget, render, status_lines
 from vllm_triage.errors import ConfigError
-from vllm_triage.settings import load_settings
 from vllm_triage.simulator import get_scenario, record
 from vllm_triage.watcher import TargetWatcher
 

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from vllm_triage.assemble import build_rulebook
+from vllm_triage.config.schema import load_settings
 from vllm_triage.core.diagnose import diagnose, stall_breach_seconds
 from vllm_triage.core.model import Progress, Quantile, Signals
 from vllm_triage.core.rulebook import Ceiling, Roofline, Rulebook
-from vllm_triage.settings import load_settings
 
 SETTINGS = load_settings()
 A10G_70B = Ceiling(

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_triage.http_server import split_listen
-from vllm_triage.settings import load_settings
+from vllm_triage.config.schema import load_settings
+from vllm_triage.serve.listener import split_listen
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"

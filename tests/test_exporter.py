@@ -1,4 +1,4 @@
-"""Tests for daemon/exporter.py: the derived /metrics, rendered from real evaluations.
+"""Tests for daemon/serve/exporter.py: the derived /metrics, rendered from real evaluations.
 
 Each target's state is built the way ``TargetWatcher.scrape`` builds it, from a bundled
 simulator scenario run through the same parser, window, classifier and incident tracker
@@ -24,13 +24,13 @@ from prometheus_client.samples import Sample
 
 from vllm_triage import __version__
 from vllm_triage.assemble import build_evaluator, build_rulebook
+from vllm_triage.config.schema import ReceiverSettings, load_settings
 from vllm_triage.core.parse import SnapshotParser
-from vllm_triage.delivery import Delivery
 from vllm_triage.demo.offline import START_AT, scenario_facts
-from vllm_triage.exporter import build_registry
-from vllm_triage.probe import ProbeStats
-from vllm_triage.receivers import Notification, build_receiver
-from vllm_triage.settings import ReceiverSettings, load_settings
+from vllm_triage.notify.delivery import Delivery
+from vllm_triage.notify.receivers import Notification, build_receiver
+from vllm_triage.scrape.probe import ProbeStats
+from vllm_triage.serve.exporter import build_registry
 from vllm_triage.simulator import get_scenario, record
 from vllm_triage.state import TargetState, View
 

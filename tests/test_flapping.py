@@ -21,16 +21,16 @@ import structlog.testing
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_triage.api import target_json
 from vllm_triage.assemble import build_evaluator, build_rulebook
+from vllm_triage.config.schema import TargetSettings, load_settings
 from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.model import Cause, Diagnosis, Transition
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.demo.offline import run_scenario, scenario_facts, scenario_settings
-from vllm_triage.exporter import build_registry
-from vllm_triage.replay import replay
-from vllm_triage.settings import TargetSettings, load_settings
+from vllm_triage.recording.replay import replay
+from vllm_triage.serve.api import target_json
+from vllm_triage.serve.exporter import build_registry
 from vllm_triage.simulator import get_scenario, record
 from vllm_triage.simulator.scenario_files import scenario_names
 from vllm_triage.watcher import TargetWatcher

@@ -1,4 +1,4 @@
-"""Fleet mode (daemon/fleet.py, fleet_queries.py, fleet_signals.py, fleet_hardware.py)
+"""Fleet mode (daemon/fleet/source.py, fleet_queries.py, fleet_signals.py, fleet_hardware.py)
 against a query API on 127.0.0.1 that answers each tagged row of the fleet's instant
 queries from simulator recordings, windowed as the sidecar's own window does. So the
 plumbing (rows -> totals -> signals -> diagnosis, discovery, shards, hardware) is held
@@ -24,18 +24,18 @@ import httpx
 import pytest
 
 from vllm_triage.assemble import build_rulebook
+from vllm_triage.config.matchers import parse_matchers
+from vllm_triage.config.schema import Settings, load_settings
 from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.model import KVPool, Signals, Snapshot, WindowTotals
 from vllm_triage.core.names import SAMPLES
 from vllm_triage.core.parse import parse_snapshot
 from vllm_triage.core.window import Window
 from vllm_triage.errors import ConfigError
-from vllm_triage.fleet import PrometheusSource, shard_of
-from vllm_triage.fleet_hardware import Card, HardwareResolver
-from vllm_triage.fleet_queries import QueryPlan, duration, names
-from vllm_triage.matchers import parse_matchers
-from vllm_triage.notifier import Notifier
-from vllm_triage.settings import Settings, load_settings
+from vllm_triage.fleet.hardware import Card, HardwareResolver
+from vllm_triage.fleet.queries import QueryPlan, duration, names
+from vllm_triage.fleet.source import PrometheusSource, shard_of
+from vllm_triage.notify.notifier import Notifier
 from vllm_triage.simulator import get_scenario, record
 from vllm_triage.store import StateStore
 

@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_triage.assemble import build_evaluator
+from vllm_triage.config.schema import load_settings
 from vllm_triage.core.model import Signals
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.core.window import Window
 from vllm_triage.errors import ParseError
-from vllm_triage.settings import load_settings
 
 from snapshots import hist, snap
 

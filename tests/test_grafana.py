@@ -28,15 +28,15 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_triage.assemble import build_evaluator, build_rulebook
+from vllm_triage.config.schema import ReceiverSettings, load_settings
 from vllm_triage.core.model import CAUSES
 from vllm_triage.core.names import SAMPLES
 from vllm_triage.core.parse import SnapshotParser
-from vllm_triage.delivery import Delivery
 from vllm_triage.demo.offline import START_AT, scenario_facts
-from vllm_triage.exporter import build_registry
-from vllm_triage.probe import ProbeStats
-from vllm_triage.receivers import build_receiver
-from vllm_triage.settings import ReceiverSettings, load_settings
+from vllm_triage.notify.delivery import Delivery
+from vllm_triage.notify.receivers import build_receiver
+from vllm_triage.scrape.probe import ProbeStats
+from vllm_triage.serve.exporter import build_registry
 from vllm_triage.simulator import get_scenario, record
 from vllm_triage.state import TargetState, View
 

@@ -1,4 +1,4 @@
-"""Tests for daemon/history.py: the status page's bounded memory of the last hour."""
+"""Tests for daemon/serve/history.py: the status page's bounded memory of the last hour."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import math
 import pytest
 
 from vllm_triage.assemble import build_evaluator, build_rulebook
+from vllm_triage.config.schema import load_settings
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.model import Diagnosis, Signals
 from vllm_triage.core.parse import SnapshotParser
-from vllm_triage.history import History, Ring
 from vllm_triage.page.spec import load_spec
-from vllm_triage.settings import load_settings
+from vllm_triage.serve.history import History, Ring
 from vllm_triage.simulator import get_scenario, record
 
 RULES = build_rulebook(load_settings())

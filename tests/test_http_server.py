@@ -1,4 +1,4 @@
-"""Tests for daemon/http_server.py: the daemon's endpoint, on a real socket on 127.0.0.1.
+"""Tests for daemon/serve/listener.py: the daemon's endpoint, on a real socket on 127.0.0.1.
 
 The targets' states come from simulated scenarios run through the real core (see
 ``test_exporter.watched``); httpx talks to the server the way Prometheus and people do.
@@ -19,8 +19,8 @@ from test_exporter import MODEL, watched
 
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.report import iso
-from vllm_triage.exporter import build_registry
-from vllm_triage.http_server import ROUTES, Endpoints, HttpServer, split_listen
+from vllm_triage.serve.exporter import build_registry
+from vllm_triage.serve.listener import ROUTES, Endpoints, HttpServer, split_listen
 from vllm_triage.state import TargetState, View
 
 NOW = 1_767_230_000.0

@@ -24,12 +24,12 @@ import httpx
 import pytest
 
 from vllm_triage.assemble import build_rulebook
+from vllm_triage.config.schema import load_settings
 from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.names import SAMPLES
 from vllm_triage.core.parse import parse_snapshot
 from vllm_triage.core.window import Window
-from vllm_triage.fleet import PrometheusSource, shard_of
-from vllm_triage.settings import load_settings
+from vllm_triage.fleet.source import PrometheusSource, shard_of
 from vllm_triage.simulator import get_scenario, record
 
 from fleet_sim import PodGpus, dcgm_exposition, relabel, serving

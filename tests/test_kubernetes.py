@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from vllm_triage.http_server import split_listen
-from vllm_triage.settings import load_settings
+from vllm_triage.config.schema import load_settings
+from vllm_triage.serve.listener import split_listen
 
 import k8s_rules
 

@@ -1,4 +1,4 @@
-"""Tests for daemon/notifier.py: which notifications each receiver gets, and when.
+"""Tests for daemon/notify/notifier.py: which notifications each receiver gets, and when.
 
 No worker runs and nothing is sent: each receiver's ``Delivery`` queue is read as it
 stands after ``notify`` and ``tick``. Time is the ``now`` the test passes.
@@ -15,12 +15,12 @@ from typing import Any
 import httpx
 import pytest
 
+from vllm_triage.config.schema import Settings, load_settings
 from vllm_triage.core.alerts import GO_ZERO_TIME, fingerprint, go_time
 from vllm_triage.core.model import Cause, Diagnosis, Reason, Transition
-from vllm_triage.delivery import Delivery
-from vllm_triage.notifier import Notifier
-from vllm_triage.receivers import VALID_FOR_RESENDS
-from vllm_triage.settings import Settings, load_settings
+from vllm_triage.notify.delivery import Delivery
+from vllm_triage.notify.notifier import Notifier
+from vllm_triage.notify.receivers import VALID_FOR_RESENDS
 
 EXTERNAL = "http://triage.example:9468"
 TARGET = "gpu-0"

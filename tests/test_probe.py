@@ -1,4 +1,4 @@
-"""Tests for daemon/probe.py: the one-token probe, against a fake OpenAI API on 127.0.0.1;
+"""Tests for daemon/scrape/probe.py: the one-token probe, against a fake OpenAI API on 127.0.0.1;
 and, through the daemon, the hang that metrics cannot show."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from vllm_triage.probe import Prober, completions_url
-from vllm_triage.settings import ProbeSettings, TargetSettings, load_settings
+from vllm_triage.config.schema import ProbeSettings, TargetSettings, load_settings
+from vllm_triage.scrape.probe import Prober, completions_url
 
 from conftest import fixture_text
 from harness import refused_port, running_daemon, wait_for

@@ -1,4 +1,4 @@
-"""Tests for daemon/record.py: one raw file per scrape, failures logged, never fatal."""
+"""Tests for daemon/recording/record.py: one raw file per scrape, failures logged, never fatal."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from vllm_triage.errors import ScrapeError
-from vllm_triage.record import record
-from vllm_triage.scrape import fetch
+from vllm_triage.net.fetch import fetch
+from vllm_triage.recording.record import record
 
 from conftest import fixture_text
 from localserver import serving

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from vllm_triage.assemble import build_evaluator
+from vllm_triage.config.schema import load_settings
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.model import Transition
-from vllm_triage.replay import replay
-from vllm_triage.settings import load_settings
+from vllm_triage.recording.replay import replay
 
 RECORDINGS = Path(__file__).parent / "fixtures" / "recordings"
 CONFIG = Path(__file__).parent / "realvllm" / "triage-cpu.yaml"

@@ -1,4 +1,4 @@
-"""Tests for daemon/replay.py and `vllm-triage replay`: recordings in, transitions out.
+"""Tests for daemon/recording/replay.py and `vllm-triage replay`: recordings in, transitions out.
 
 The recordings are made by the simulator (daemon/simulator), which steps a physically
 modelled vLLM server in virtual time and renders /metrics exactly as vLLM 0.19 (or, with
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from vllm_triage.assemble import build_evaluator
+from vllm_triage.config.schema import load_settings
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.errors import RecordingError
-from vllm_triage.recording import recording_files
-from vllm_triage.replay import Skipped, replay
-from vllm_triage.settings import load_settings
+from vllm_triage.recording.files import recording_files
+from vllm_triage.recording.replay import Skipped, replay
 from vllm_triage.simulator import record
 
 from clirun import vllm_triage

@@ -1,7 +1,7 @@
-"""Tests for ``vllm-triage report`` (daemon/commands/report.py, daemon/reportfile.py and the
-report half of daemon/pagedata.py): every committed recording becomes one HTML file whose
-inline document tells the incidents exactly as ``replay`` finds them. The file is opened in
-a real browser by tests/test_browser.py."""
+"""Tests for ``vllm-triage report`` (daemon/commands/report.py,
+daemon/recording/reportfile.py and the report half of daemon/serve/pagedata.py): every
+committed recording becomes one HTML file whose inline document tells the incidents exactly
+as ``replay`` finds them. The file is opened in a real browser by tests/test_browser.py."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from vllm_triage.assemble import build_evaluator
+from vllm_triage.config.schema import load_settings
 from vllm_triage.core.evaluate import Evaluation
-from vllm_triage.pagedata import report_document
-from vllm_triage.recording import recording_files
-from vllm_triage.replay import replay
-from vllm_triage.reportfile import write_report
-from vllm_triage.settings import load_settings
+from vllm_triage.recording.files import recording_files
+from vllm_triage.recording.replay import replay
+from vllm_triage.recording.reportfile import write_report
+from vllm_triage.serve.pagedata import report_document
 from vllm_triage.simulator import get_scenario, record
 
 from clirun import vllm_triage

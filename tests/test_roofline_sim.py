@@ -22,9 +22,9 @@ import yaml
 
 from vllm_triage.assemble import build_evaluator
 from vllm_triage.ceiling.sizing import model_size_from_config
+from vllm_triage.config.schema import load_settings
 from vllm_triage.core.model import Diagnosis
 from vllm_triage.core.parse import SnapshotParser
-from vllm_triage.settings import load_settings
 from vllm_triage.simulator import Phase, Scenario, ServerSpec, Simulation, Workload, server_spec
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import structlog
 
-from vllm_triage.settings import Settings, load_settings
+from vllm_triage.config.schema import Settings, load_settings
 from vllm_triage.simulator import get_scenario
 
 from harness import (

@@ -1,4 +1,4 @@
-"""Tests for daemon/settings.py: defaults from rules/, the user's file, the environment."""
+"""Tests for daemon/config/schema.py: defaults from rules/, the user's file, the environment."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from vllm_triage.config.schema import load_settings
 from vllm_triage.errors import ConfigError
-from vllm_triage.settings import load_settings
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -1,4 +1,4 @@
-"""Tests for the daemon's settings (daemon/settings.py): listen, interval, targets,
+"""Tests for the daemon's settings (daemon/config/schema.py): listen, interval, targets,
 receivers and alerting; flags over the environment over the file; secrets kept secret."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from vllm_triage.ceiling.sizing import read_config_json
+from vllm_triage.config.schema import ReceiverSettings, Settings, TargetSettings, load_settings
 from vllm_triage.errors import ConfigError
-from vllm_triage.settings import ReceiverSettings, Settings, TargetSettings, load_settings
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 LLAMA = CONFIGS / "llama-3.1-8b.json"

@@ -1,6 +1,6 @@
-"""Tests for the status page's data: the live half of daemon/pagedata.py, fed by real
-watchers (daemon/watcher.py records each evaluation in daemon/history.py), and served as
-``/api/v1/series`` by daemon/http_server.py. The page itself runs in tests/test_browser.py."""
+"""Tests for the status page's data: the live half of daemon/serve/pagedata.py, fed by real
+watchers (daemon/watcher.py records each evaluation in daemon/serve/history.py), and served as
+``/api/v1/series`` by daemon/serve/listener.py. The page itself runs in tests/test_browser.py."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any
 import httpx
 import pytest
 
+from vllm_triage.config.schema import TargetSettings, load_settings
 from vllm_triage.core.parse import SnapshotParser
-from vllm_triage.exporter import build_registry
-from vllm_triage.http_server import Endpoints, HttpServer
-from vllm_triage.pagedata import live_document
-from vllm_triage.settings import TargetSettings, load_settings
+from vllm_triage.serve.exporter import build_registry
+from vllm_triage.serve.listener import Endpoints, HttpServer
+from vllm_triage.serve.pagedata import live_document
 from vllm_triage.simulator import get_scenario, record
 from vllm_triage.state import TargetState
 from vllm_triage.watcher import TargetWatcher

@@ -20,15 +20,15 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
+from vllm_triage.config.schema import Settings, load_settings
 from vllm_triage.core.alerts import Alert
 from vllm_triage.core.dedup import LastSent
 from vllm_triage.core.incidents import State, TrackRecord
 from vllm_triage.core.model import Diagnosis, Reason, Transition
-from vllm_triage.delivery import Delivery
-from vllm_triage.notifier import Notifier
-from vllm_triage.receivers import Notification, build_receiver
+from vllm_triage.notify.delivery import Delivery
+from vllm_triage.notify.notifier import Notifier
+from vllm_triage.notify.receivers import Notification, build_receiver
 from vllm_triage.service import Daemon
-from vllm_triage.settings import Settings, load_settings
 from vllm_triage.store import (
     FILE_NAME,
     SCHEMA_VERSION,

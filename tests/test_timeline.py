@@ -9,6 +9,7 @@ import math
 import pytest
 
 from vllm_triage.assemble import build_evaluator, build_rulebook
+from vllm_triage.config.schema import load_settings
 from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.incidents import IncidentTracker
 from vllm_triage.core.model import Diagnosis, Quantile, Reason, Signals, Transition
@@ -22,7 +23,6 @@ from vllm_triage.core.timeline import (
     point_values,
     setting_values,
 )
-from vllm_triage.settings import load_settings
 from vllm_triage.simulator import get_scenario, record
 
 RULES = build_rulebook(load_settings())

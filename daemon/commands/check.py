@@ -118,13 +118,13 @@ def check(
     import httpx
 
     from vllm_triage.assemble import build_rulebook
+    from vllm_triage.config.schema import load_settings
     from vllm_triage.core.evaluate import Evaluator
     from vllm_triage.core.parse import SnapshotParser
     from vllm_triage.core.report import diagnosis_dict
     from vllm_triage.errors import ParseError, ScrapeError
-    from vllm_triage.redact import safe_url
-    from vllm_triage.scrape import DEFAULT_MAX_BODY_BYTES, fetch, not_metrics_hint
-    from vllm_triage.settings import load_settings
+    from vllm_triage.net.fetch import DEFAULT_MAX_BODY_BYTES, fetch, not_metrics_hint
+    from vllm_triage.net.redact import safe_url
 
     settings = load_settings(config)
     # The window must hold every scrape of the check, whatever the settings say. The

@@ -22,8 +22,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     from vllm_triage.assemble import build_rulebook
-    from vllm_triage.redact import masked_urls
-    from vllm_triage.settings import load_settings
+    from vllm_triage.config.schema import load_settings
+    from vllm_triage.net.redact import masked_urls
     from vllm_triage.store import default_state_dir
 
     settings = load_settings(args.config)

@@ -57,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_triage.record import record
+    from vllm_triage.recording.record import record
 
     stats = record(
         args.url,

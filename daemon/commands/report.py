@@ -33,8 +33,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_triage.reportfile import write_report
-    from vllm_triage.settings import load_settings
+    from vllm_triage.config.schema import load_settings
+    from vllm_triage.recording.reportfile import write_report
 
     try:
         written = write_report(args.directory, load_settings(args.config), args.out)

@@ -36,7 +36,7 @@ example:
 def target_arg(text: str) -> dict[str, str]:
     """``NAME=URL`` or a bare URL (named after its host and port, as a config target
     without a name is: ``settings.target_name``)."""
-    from vllm_triage.settings import target_name
+    from vllm_triage.config.schema import target_name
 
     name, sep, url = text.partition("=")
     if not sep or "://" in name:
@@ -95,9 +95,9 @@ def flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_triage.config.schema import load_settings
     from vllm_triage.errors import ConfigError
     from vllm_triage.service import Daemon
-    from vllm_triage.settings import load_settings
     from vllm_triage.store import default_state_dir
 
     settings = load_settings(args.config, flags(args))

@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace, scenario: Scenario) -> int:
-    from vllm_triage.recording import write_atomically
+    from vllm_triage.recording.files import write_atomically
 
     directory = Path(args.record)
     interval = args.interval or DEFAULT_INTERVAL_S

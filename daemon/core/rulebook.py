@@ -2,8 +2,8 @@
 and the hardware and model facts of the decode step roofline.
 
 Plain frozen dataclasses, so that the core depends on nothing but itself: the settings
-layer (``vllm_triage.settings``, pydantic) validates the user's values and ``vllm_triage.assemble``
-converts them into these once, at start-up. The meaning of every threshold is in
+layer (``vllm_triage.config``, pydantic) validates the user's values and
+``vllm_triage.assemble`` converts them into these. The meaning of every threshold is in
 ``rules/defaults.yaml`` beside its default value.
 """
 

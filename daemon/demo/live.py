@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from vllm_triage.config.schema import Settings, load_settings
 from vllm_triage.core.model import Transition
 from vllm_triage.core.report import transition_text
 from vllm_triage.demo.expectations import Event, Segment, problems, segments
@@ -35,9 +36,8 @@ from vllm_triage.demo.sink import WebhookSink
 from vllm_triage.demo.tour_report import LiveRecorder, demo_folder
 from vllm_triage.demo.view import DemoTarget, render, status_lines
 from vllm_triage.errors import ConfigError, RecordingError
-from vllm_triage.reportfile import WrittenReport, write_report
+from vllm_triage.recording.reportfile import WrittenReport, write_report
 from vllm_triage.service import Daemon
-from vllm_triage.settings import Settings, load_settings
 from vllm_triage.simulator import Scenario, get_scenario
 from vllm_triage.simulator.serve import SimulatedServer
 

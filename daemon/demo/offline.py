@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from vllm_triage.assemble import build_evaluator
+from vllm_triage.config.schema import Settings, load_settings
 from vllm_triage.core.model import Cause, Transition
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.demo.expectations import Event, problems, segments
-from vllm_triage.recording import write_atomically
-from vllm_triage.settings import Settings, load_settings
+from vllm_triage.recording.files import write_atomically
 from vllm_triage.simulator import Scenario, get_scenario, record
 
 #: The demo's order: a healthy baseline, then one scenario per cause.

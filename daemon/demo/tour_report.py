@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 
 from vllm_triage.errors import ScrapeError
-from vllm_triage.recording import write_atomically
-from vllm_triage.scrape import DEFAULT_MAX_BODY_BYTES, fetch
+from vllm_triage.net.fetch import DEFAULT_MAX_BODY_BYTES, fetch
+from vllm_triage.recording.files import write_atomically
 
 
 class LiveRecorder:

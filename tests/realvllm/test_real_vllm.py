@@ -39,10 +39,10 @@ from realvllm.server import (
 from realvllm.trim import save_trimmed
 
 from vllm_triage.assemble import build_evaluator
+from vllm_triage.config.schema import load_settings
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.model import Transition
-from vllm_triage.replay import replay
-from vllm_triage.settings import load_settings
+from vllm_triage.recording.replay import replay
 
 from clirun import COMMAND
 

@@ -39,6 +39,7 @@ from pydantic_settings import (
 
 from vllm_triage.ceiling.gpus import find_gpu
 from vllm_triage.ceiling.sizing import bytes_per_param
+from vllm_triage.config.matchers import parse_matchers
 from vllm_triage.core.parse import (
     DEFAULT_MAX_LABEL_VALUE_LENGTH,
     DEFAULT_MAX_LINE_LENGTH,
@@ -46,8 +47,7 @@ from vllm_triage.core.parse import (
     DEFAULT_MAX_MODELS,
 )
 from vllm_triage.errors import ConfigError
-from vllm_triage.matchers import parse_matchers
-from vllm_triage.redact import quoted, safe_url
+from vllm_triage.net.redact import quoted, safe_url
 from vllm_triage.rules import read_bundled, read_file
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -223,7 +223,7 @@ class HttpAuth(BaseModel):
 
 
 class ProbeSettings(BaseModel):
-    """The active probe of one target (``daemon/probe.py``), off unless ``enabled``.
+    """The active probe of one target (``daemon/scrape/probe.py``), off unless ``enabled``.
 
     Every ``interval_seconds`` a one-token completion goes to the server's OpenAI API
     (``url``, default: the target's address with the path ``/v1/completions``), one at a
@@ -288,7 +288,7 @@ def _matchers(text: str) -> str:
 
 class ShardSettings(BaseModel):
     """This replica's share of the fleet: the servers whose stable hash of their name,
-    modulo ``count``, is ``index`` (``daemon/fleet.py``). Replicas with the same count
+    modulo ``count``, is ``index`` (``daemon/fleet/source.py``). Replicas with the same count
     and the indexes 0 .. count-1 diagnose every server exactly once."""
 
     model_config = _FROZEN

@@ -1,7 +1,7 @@
 """Recording a target: one file per scrape, the raw body, named ``<unix_time_ms>.prom``.
 
 The body is written as received (not re-rendered), so a replay sees exactly what vLLM
-sent, quirks included (the format is ``vllm_triage.recording``). A failed scrape writes no
+sent, quirks included (the format is ``vllm_triage.recording.files``). A failed scrape writes no
 file and is logged; the recording goes on.
 """
 
@@ -17,9 +17,9 @@ import structlog
 
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.errors import ParseError, ScrapeError
-from vllm_triage.recording import write_atomically
-from vllm_triage.redact import safe_url
-from vllm_triage.scrape import DEFAULT_MAX_BODY_BYTES, fetch, not_metrics_hint
+from vllm_triage.net.fetch import DEFAULT_MAX_BODY_BYTES, fetch, not_metrics_hint
+from vllm_triage.net.redact import safe_url
+from vllm_triage.recording.files import write_atomically
 
 log = structlog.get_logger("vllm_triage.record")
 

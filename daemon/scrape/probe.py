@@ -26,9 +26,9 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import structlog
 
+from vllm_triage.config.schema import ProbeSettings, TargetSettings
 from vllm_triage.core.model import ProbeStatus
-from vllm_triage.httpauth import auth_headers
-from vllm_triage.settings import ProbeSettings, TargetSettings
+from vllm_triage.net.auth import auth_headers
 
 log = structlog.get_logger("vllm_triage.probe")
 

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_triage.config.schema import ReceiverSettings
 from vllm_triage.core.alerts import Alert, postable_alerts, slack_payload, webhook_payload
 from vllm_triage.core.dedup import SendPolicy
-from vllm_triage.settings import ReceiverSettings
 
 #: A pushed alert stays valid for this many resend periods (Prometheus uses 4).
 VALID_FOR_RESENDS = 4

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from vllm_triage import __version__
 from vllm_triage.core.model import CAUSES, Diagnosis, Quantile, Signals
-from vllm_triage.delivery import Delivery
+from vllm_triage.notify.delivery import Delivery
 from vllm_triage.state import TargetState
 
 P = "vllm_triage_"

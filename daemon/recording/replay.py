@@ -1,4 +1,4 @@
-"""Running the core over a recording (``vllm_triage.recording``), file by file.
+"""Running the core over a recording (``vllm_triage.recording.files``), file by file.
 
 Files are taken in the order of their names' numbers, and each file's name is its scrape
 time, so a replay sees exactly what the live daemon saw.
@@ -14,7 +14,7 @@ from vllm_triage.core.evaluate import Evaluation, Evaluator
 from vllm_triage.core.model import Snapshot
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.errors import ParseError
-from vllm_triage.recording import recording_files
+from vllm_triage.recording.files import recording_files
 
 
 @dataclass(frozen=True, slots=True)

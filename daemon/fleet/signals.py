@@ -1,4 +1,4 @@
-"""Fleet mode's answers (``daemon/fleet_queries.py``) read back per server and model, as
+"""Fleet mode's answers (``daemon/fleet/queries.py``) read back per server and model, as
 the core's ``WindowTotals``: window increases, bucket deltas and gauge statistics, the
 same totals a sidecar's window sums from its scrapes. ``window.signals_from_totals``
 then reads them as signals, so both paths compute quantiles, means, rates and the
@@ -24,7 +24,7 @@ from typing import Any
 
 from vllm_triage.core.model import GaugeStats, Histogram, WindowTotals
 from vllm_triage.core.names import HISTOGRAM_FIELDS
-from vllm_triage.fleet_queries import BUCKET_FIELDS, COUNTERS, DCGM_MODEL, POOL_LABELS
+from vllm_triage.fleet.queries import BUCKET_FIELDS, COUNTERS, DCGM_MODEL, POOL_LABELS
 
 Row = Mapping[str, Any]
 

@@ -8,7 +8,8 @@
                             being up: a sidecar must not hold its pod out of service.
     GET /api/v1/diagnoses   JSON state per target and model (``?target=NAME`` filters)
     GET /api/v1/series      the status page's document: each target's last hour of
-                            evaluations, its incidents and transitions (``vllm_triage.pagedata``)
+                            evaluations, its incidents and transitions
+                            (``vllm_triage.serve.pagedata``)
     GET /                   the status page (``daemon/page/``): the same panels as a
                             report, fed by /api/v1/series, reloading itself
 
@@ -54,10 +55,10 @@ import structlog
 from prometheus_client import make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 
-from vllm_triage.api import diagnoses_json
 from vllm_triage.page.render import content_security_policy, status_page
 from vllm_triage.page.spec import load_spec
-from vllm_triage.pagedata import live_document
+from vllm_triage.serve.api import diagnoses_json
+from vllm_triage.serve.pagedata import live_document
 from vllm_triage.state import TargetState
 
 log = structlog.get_logger("vllm_triage.http")

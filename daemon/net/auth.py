@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 
 from vllm_triage import __version__
-from vllm_triage.settings import HttpAuth
+from vllm_triage.config.schema import HttpAuth
 
 USER_AGENT = f"vllm-triage/{__version__}"
 

@@ -35,7 +35,7 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 import httpx
 
 from vllm_triage.errors import ParseError, ScrapeError
-from vllm_triage.redact import safe_url, scrub_url
+from vllm_triage.net.redact import safe_url, scrub_url
 
 #: vLLM serves the classic text format; prometheus_client's OpenMetrics output would
 #: garble names with colons, so ask for 0.0.4 explicitly.

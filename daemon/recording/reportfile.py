@@ -7,9 +7,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_triage.config.schema import Settings
 from vllm_triage.page.render import render_page
-from vllm_triage.pagedata import report_document
-from vllm_triage.settings import Settings
+from vllm_triage.serve.pagedata import report_document
 
 
 @dataclass(frozen=True, slots=True)

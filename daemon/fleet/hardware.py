@@ -26,10 +26,10 @@ import structlog
 
 from vllm_triage.assemble import build_rulebook, settings_model_size
 from vllm_triage.ceiling.gpus import find_gpu
+from vllm_triage.config.matchers import Matcher, matches_all, parse_matchers
+from vllm_triage.config.schema import HardwareSettings, ModelSettings, Settings
 from vllm_triage.core.rulebook import Rulebook
 from vllm_triage.errors import ConfigError
-from vllm_triage.matchers import Matcher, matches_all, parse_matchers
-from vllm_triage.settings import HardwareSettings, ModelSettings, Settings
 
 log = structlog.get_logger("vllm_triage.fleet")
 

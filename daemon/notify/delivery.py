@@ -47,9 +47,9 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from vllm_triage.httpauth import auth_headers
-from vllm_triage.receivers import Notification, Receiver
-from vllm_triage.redact import masked_location, scrub
+from vllm_triage.net.auth import auth_headers
+from vllm_triage.net.redact import masked_location, scrub
+from vllm_triage.notify.receivers import Notification, Receiver
 from vllm_triage.store import StateStore
 
 log = structlog.get_logger("vllm_triage.delivery")

@@ -31,6 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from vllm_triage import __version__
 from vllm_triage.assemble import build_evaluator, build_rulebook
+from vllm_triage.config.schema import Settings
 from vllm_triage.core.model import Reason, Transition
 from vllm_triage.core.report import iso
 from vllm_triage.core.rulebook import Rulebook
@@ -43,11 +44,10 @@ from vllm_triage.core.timeline import (
     point_values,
     setting_values,
 )
-from vllm_triage.history import Window
+from vllm_triage.net.redact import safe_url
 from vllm_triage.page.spec import PageSpec, load_spec
-from vllm_triage.redact import safe_url
-from vllm_triage.replay import Skipped, snapshots
-from vllm_triage.settings import Settings
+from vllm_triage.recording.replay import Skipped, snapshots
+from vllm_triage.serve.history import Window
 from vllm_triage.state import TargetState
 
 #: What each naming era of vLLM's metrics says about the server's version (README,

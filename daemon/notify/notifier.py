@@ -19,12 +19,12 @@ from collections.abc import Iterable
 import httpx
 import structlog
 
+from vllm_triage.config.schema import Settings
 from vllm_triage.core.alerts import Alert, firing_alert
 from vllm_triage.core.dedup import LastSent, NotifyReason, needs_update
 from vllm_triage.core.model import Transition
-from vllm_triage.delivery import Delivery
-from vllm_triage.receivers import build_receiver
-from vllm_triage.settings import Settings
+from vllm_triage.notify.delivery import Delivery
+from vllm_triage.notify.receivers import build_receiver
 from vllm_triage.store import StateStore
 
 log = structlog.get_logger("vllm_triage.notifier")

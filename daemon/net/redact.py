@@ -4,7 +4,7 @@ The one place that decides how a URL or a piece of config text is shown. A URL m
 credentials in three places: its ``user:password@``, its query (``?token=...``), and, for
 receivers such as Slack's incoming webhooks, its path. Targets' and the query API's URLs
 are shown with the first two masked; receivers' URLs are never shown at all (see
-``vllm_triage.settings.SecretHttpUrl``), and what a receiver's redirect points at is shown
+``vllm_triage.config.schema.SecretHttpUrl``), and what a receiver's redirect points at is shown
 with the configured URL's own path segments masked (``masked_location``).
 """
 

@@ -2,13 +2,13 @@
 same core as a scraped one, with Prometheus doing the windowing.
 
 Each tick (one per ``interval_seconds``, at a time on that step's grid) sends a few
-instant queries (``daemon/fleet_queries.py``): bucket, counter and sum increases over
+instant queries (``daemon/fleet/queries.py``): bucket, counter and sum increases over
 ``window_seconds``, gauge statistics, the KV pool, and DCGM's cards. The rows are
 grouped by ``identity_labels`` (default ``job`` and ``instance``): each group is one
 server, discovered the first time it appears and kept as a target with its own
 incidents. Its rows become the core's window totals and signals
-(``daemon/fleet_signals.py``), its card and model are resolved
-(``daemon/fleet_hardware.py``), and ``Evaluator.judge`` runs the same diagnosis and
+(``daemon/fleet/signals.py``), its card and model are resolved
+(``daemon/fleet/hardware.py``), and ``Evaluator.judge`` runs the same diagnosis and
 incident tracking as a scrape: same exports, same webhooks, same state store. The cost
 of a tick grows with servers, not with buckets x steps.
 
@@ -19,7 +19,7 @@ the indexes 0 .. count-1 diagnose every server exactly once.
 The query API itself is a target too (named ``prometheus``), so ``vllm_triage_target_up``
 and ``vllm_triage_scrape_failures_total`` say when it cannot be read.
 
-Its answer is read as a target's body is (``vllm_triage.scrape.BodyLimit``): at most
+Its answer is read as a target's body is (``vllm_triage.net.fetch.BodyLimit``): at most
 ``max_body_bytes`` once decoded, with one layer of gzip accepted and inflated inside that
 limit (a query's JSON shrinks about tenfold, and the query API is often across a
 network), redirects not followed (its credentials stay with its URL), the whole request
@@ -41,17 +41,17 @@ from typing import Any
 import httpx
 import structlog
 
+from vllm_triage.config.schema import PrometheusSourceSettings, Settings, TargetSettings
 from vllm_triage.core.window import signals_from_totals
 from vllm_triage.errors import ScrapeError
-from vllm_triage.exporter import label_value
-from vllm_triage.fleet_hardware import Card, HardwareResolver
-from vllm_triage.fleet_queries import NAMES_REGEX, FleetQuery, QueryPlan, inner
-from vllm_triage.fleet_signals import Fleet, totals
-from vllm_triage.httpauth import auth_headers
-from vllm_triage.notifier import Notifier
-from vllm_triage.redact import safe_url
-from vllm_triage.scrape import BodyLimit, scrape_error
-from vllm_triage.settings import PrometheusSourceSettings, Settings, TargetSettings
+from vllm_triage.fleet.hardware import Card, HardwareResolver
+from vllm_triage.fleet.queries import NAMES_REGEX, FleetQuery, QueryPlan, inner
+from vllm_triage.fleet.signals import Fleet, totals
+from vllm_triage.net.auth import auth_headers
+from vllm_triage.net.fetch import BodyLimit, scrape_error
+from vllm_triage.net.redact import safe_url
+from vllm_triage.notify.notifier import Notifier
+from vllm_triage.serve.exporter import label_value
 from vllm_triage.state import TargetState
 from vllm_triage.store import StateStore
 from vllm_triage.watcher import TargetWatcher
