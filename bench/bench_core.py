@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from vllm_triage.assemble import build_evaluator
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.core.parse import SnapshotParser
 
 from payloads import many_models, one_model

@@ -107,7 +107,7 @@ def _serve(port_out: Any, stop: Any) -> None:
 def _run_daemon(n: int, port: int, out: Any) -> None:
     """A daemon with ``n`` targets, on core 0, for TICKS intervals; what it managed."""
     os.sched_setaffinity(0, {0})
-    from vllm_triage.config.schema import load_settings
+    from vllm_triage.config.load import load_settings
     from vllm_triage.logs import configure
     from vllm_triage.service import Daemon
 
@@ -206,7 +206,7 @@ def _memory(n: int, out: Any) -> None:
     """RSS of a daemon with ``n`` targets fed two simulated hours of scrapes. The scrapes
     are rendered as they are needed, by one simulation per scenario (targets of the same
     scenario see the same text), so the benchmark holds no recording in memory."""
-    from vllm_triage.config.schema import load_settings
+    from vllm_triage.config.load import load_settings
     from vllm_triage.logs import configure
     from vllm_triage.service import Daemon
     from vllm_triage.simulator import Simulation, get_scenario, hold_last_phase
@@ -263,7 +263,7 @@ def bench_memory(counts: list[int]) -> list[dict[str, Any]]:
 
 def bench_detection(speed: float = 10.0) -> list[dict[str, Any]]:
     """Per cause: evaluations from the first breached window to the firing delivery."""
-    from vllm_triage.config.schema import load_settings
+    from vllm_triage.config.load import load_settings
     from vllm_triage.demo.live import scaled_clock
     from vllm_triage.logs import configure
     from vllm_triage.simulator import get_scenario

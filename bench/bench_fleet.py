@@ -124,7 +124,7 @@ def _measure(n: int, url: str, end: float, out: Any) -> None:
     import httpx
     from prometheus_client import generate_latest
 
-    from vllm_triage.config.schema import load_settings
+    from vllm_triage.config.load import load_settings
     from vllm_triage.fleet.source import PrometheusSource
     from vllm_triage.logs import configure
     from vllm_triage.serve.exporter import build_registry

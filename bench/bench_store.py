@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import structlog
 
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.core.alerts import firing_alert
 from vllm_triage.core.dedup import LastSent
 from vllm_triage.core.incidents import State, TrackRecord

@@ -19,7 +19,8 @@ import httpx
 import structlog
 from prometheus_client import generate_latest
 
-from vllm_triage.config.schema import ReceiverSettings, TargetSettings, load_settings
+from vllm_triage.config.load import load_settings
+from vllm_triage.config.schema import ReceiverSettings, TargetSettings
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.notify.delivery import Delivery
 from vllm_triage.notify.receivers import build_receiver

@@ -23,7 +23,7 @@ import pytest
 from selenium.webdriver import ActionChains, Chrome
 from selenium.webdriver.common.by import By
 
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.demo.live import scaled_clock
 from vllm_triage.demo.offline import START_AT
 from vllm_triage.page.spec import load_spec

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from vllm_triage.cli import build_parser
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "deploy" / "compose"

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.core.incidents import State
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.demo.expectations import Event, Segment, problems, segments

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from vllm_triage.assemble import build_rulebook
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.core.diagnose import diagnose, stall_breach_seconds
 from vllm_triage.core.model import Progress, Quantile, Signals
 from vllm_triage.core.rulebook import Ceiling, Roofline, Rulebook

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.serve.listener import split_listen
 
 ROOT = Path(__file__).resolve().parent.parent

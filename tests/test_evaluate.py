@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vllm_triage.assemble import build_evaluator, build_rulebook, ceiling
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.core.evaluate import Evaluator
 from vllm_triage.core.incidents import State, TrackRecord
 from vllm_triage.core.model import ModelSeries, Snapshot

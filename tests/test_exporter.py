@@ -24,7 +24,8 @@ from prometheus_client.samples import Sample
 
 from vllm_triage import __version__
 from vllm_triage.assemble import build_evaluator, build_rulebook
-from vllm_triage.config.schema import ReceiverSettings, load_settings
+from vllm_triage.config.load import load_settings
+from vllm_triage.config.schema import ReceiverSettings
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.demo.offline import START_AT, scenario_facts
 from vllm_triage.notify.delivery import Delivery

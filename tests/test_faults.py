@@ -17,7 +17,8 @@ import pytest
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_triage.config.schema import Settings, load_settings
+from vllm_triage.config.load import load_settings
+from vllm_triage.config.schema import Settings
 from vllm_triage.serve.exporter import DIAGNOSES
 from vllm_triage.simulator import Phase, Scenario, get_scenario, record
 

@@ -22,7 +22,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_triage.assemble import build_evaluator, build_rulebook
-from vllm_triage.config.schema import TargetSettings, load_settings
+from vllm_triage.config.load import load_settings
+from vllm_triage.config.schema import TargetSettings
 from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.model import Cause, Diagnosis, Transition

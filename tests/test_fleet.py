@@ -24,8 +24,9 @@ import httpx
 import pytest
 
 from vllm_triage.assemble import build_rulebook
+from vllm_triage.config.load import load_settings
 from vllm_triage.config.matchers import parse_matchers
-from vllm_triage.config.schema import Settings, load_settings
+from vllm_triage.config.schema import Settings
 from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.model import KVPool, Signals, Snapshot, WindowTotals
 from vllm_triage.core.names import SAMPLES

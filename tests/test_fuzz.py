@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_triage.assemble import build_evaluator
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.core.model import Signals
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.core.window import Window

@@ -28,7 +28,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_triage.assemble import build_evaluator, build_rulebook
-from vllm_triage.config.schema import ReceiverSettings, load_settings
+from vllm_triage.config.load import load_settings
+from vllm_triage.config.schema import ReceiverSettings
 from vllm_triage.core.model import CAUSES
 from vllm_triage.core.names import SAMPLES
 from vllm_triage.core.parse import SnapshotParser

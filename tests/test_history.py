@@ -7,7 +7,7 @@ import math
 import pytest
 
 from vllm_triage.assemble import build_evaluator, build_rulebook
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.model import Diagnosis, Signals
 from vllm_triage.core.parse import SnapshotParser

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from vllm_triage.assemble import build_rulebook
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.names import SAMPLES
 from vllm_triage.core.parse import parse_snapshot

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.serve.listener import split_listen
 
 import k8s_rules

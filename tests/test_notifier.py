@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from vllm_triage.config.schema import Settings, load_settings
+from vllm_triage.config.load import load_settings
+from vllm_triage.config.schema import Settings
 from vllm_triage.core.alerts import GO_ZERO_TIME, fingerprint, go_time
 from vllm_triage.core.model import Cause, Diagnosis, Reason, Transition
 from vllm_triage.notify.delivery import Delivery

@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
-from vllm_triage.config.schema import ProbeSettings, TargetSettings, load_settings
+from vllm_triage.config.load import load_settings
+from vllm_triage.config.schema import ProbeSettings, TargetSettings
 from vllm_triage.scrape.probe import Prober, completions_url
 
 from conftest import fixture_text

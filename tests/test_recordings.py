@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vllm_triage.assemble import build_evaluator
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.model import Transition
 from vllm_triage.recording.replay import replay

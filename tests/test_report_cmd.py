@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from vllm_triage.assemble import build_evaluator
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.recording.files import recording_files
 from vllm_triage.recording.replay import replay

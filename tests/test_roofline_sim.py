@@ -22,7 +22,7 @@ import yaml
 
 from vllm_triage.assemble import build_evaluator
 from vllm_triage.ceiling.sizing import model_size_from_config
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.core.model import Diagnosis
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.simulator import Phase, Scenario, ServerSpec, Simulation, Workload, server_spec

@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import structlog
 
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.simulator import get_scenario
 
 from harness import metrics_url, refused_port, running_daemon, simulated, wait_for

@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 import structlog
 
-from vllm_triage.config.schema import Settings, load_settings
+from vllm_triage.config.load import load_settings
+from vllm_triage.config.schema import Settings
 from vllm_triage.simulator import get_scenario
 
 from harness import (

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.errors import ConfigError
 
 

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from vllm_triage.ceiling.sizing import read_config_json
-from vllm_triage.config.schema import ReceiverSettings, Settings, TargetSettings, load_settings
+from vllm_triage.config.load import load_settings
+from vllm_triage.config.schema import ReceiverSettings, Settings, TargetSettings
 from vllm_triage.errors import ConfigError
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"

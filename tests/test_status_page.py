@@ -11,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from vllm_triage.config.schema import TargetSettings, load_settings
+from vllm_triage.config.load import load_settings
+from vllm_triage.config.schema import TargetSettings
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.serve.exporter import build_registry
 from vllm_triage.serve.listener import Endpoints, HttpServer

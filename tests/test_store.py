@@ -20,7 +20,8 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from vllm_triage.config.schema import Settings, load_settings
+from vllm_triage.config.load import load_settings
+from vllm_triage.config.schema import Settings
 from vllm_triage.core.alerts import Alert
 from vllm_triage.core.dedup import LastSent
 from vllm_triage.core.incidents import State, TrackRecord

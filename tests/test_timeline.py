@@ -9,7 +9,7 @@ import math
 import pytest
 
 from vllm_triage.assemble import build_evaluator, build_rulebook
-from vllm_triage.config.schema import load_settings
+from vllm_triage.config.load import load_settings
 from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.incidents import IncidentTracker
 from vllm_triage.core.model import Diagnosis, Quantile, Reason, Signals, Transition

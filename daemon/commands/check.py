@@ -118,7 +118,7 @@ def check(
     import httpx
 
     from vllm_triage.assemble import build_rulebook
-    from vllm_triage.config.schema import load_settings
+    from vllm_triage.config.load import load_settings
     from vllm_triage.core.evaluate import Evaluator
     from vllm_triage.core.parse import SnapshotParser
     from vllm_triage.core.report import diagnosis_dict

@@ -36,7 +36,7 @@ def _count(n: int, noun: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from vllm_triage.assemble import build_evaluator
-    from vllm_triage.config.schema import load_settings
+    from vllm_triage.config.load import load_settings
     from vllm_triage.core.evaluate import Evaluation
     from vllm_triage.core.report import transition_json, transition_text
     from vllm_triage.recording.replay import replay

@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_triage.config.schema import load_settings
+    from vllm_triage.config.load import load_settings
     from vllm_triage.recording.reportfile import write_report
 
     try:

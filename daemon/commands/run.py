@@ -95,7 +95,7 @@ def flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_triage.config.schema import load_settings
+    from vllm_triage.config.load import load_settings
     from vllm_triage.errors import ConfigError
     from vllm_triage.service import Daemon
     from vllm_triage.store import default_state_dir

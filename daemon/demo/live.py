@@ -27,7 +27,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from vllm_triage.config.schema import Settings, load_settings
+from vllm_triage.config.load import load_settings
+from vllm_triage.config.schema import Settings
 from vllm_triage.core.model import Transition
 from vllm_triage.core.report import transition_text
 from vllm_triage.demo.expectations import Event, Segment, problems, segments

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_triage.assemble import build_evaluator
-from vllm_triage.config.schema import Settings, load_settings
+from vllm_triage.config.load import load_settings
+from vllm_triage.config.schema import Settings
 from vllm_triage.core.model import Cause, Transition
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.demo.expectations import Event, problems, segments
