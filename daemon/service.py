@@ -42,8 +42,9 @@ from vllm_triage.config.schema import Settings
 from vllm_triage.fleet.source import PrometheusSource
 from vllm_triage.notify.notifier import Notifier
 from vllm_triage.serve.exporter import build_registry
-from vllm_triage.serve.listener import Endpoints, HttpServer
+from vllm_triage.serve.listener import HttpServer
 from vllm_triage.serve.pagedata import live_document
+from vllm_triage.serve.routes import Endpoints
 from vllm_triage.state import TargetState
 from vllm_triage.store import StateStore
 from vllm_triage.watcher import TargetWatcher

@@ -20,7 +20,8 @@ from test_exporter import MODEL, watched
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.report import iso
 from vllm_triage.serve.exporter import build_registry
-from vllm_triage.serve.listener import ROUTES, Endpoints, HttpServer, split_listen
+from vllm_triage.serve.listener import HttpServer, split_listen
+from vllm_triage.serve.routes import ROUTES, Endpoints
 from vllm_triage.state import TargetState, View
 
 NOW = 1_767_230_000.0

@@ -15,8 +15,9 @@ from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import TargetSettings
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.serve.exporter import build_registry
-from vllm_triage.serve.listener import Endpoints, HttpServer
+from vllm_triage.serve.listener import HttpServer
 from vllm_triage.serve.pagedata import live_document
+from vllm_triage.serve.routes import Endpoints
 from vllm_triage.simulator import get_scenario, record
 from vllm_triage.state import TargetState
 from vllm_triage.watcher import TargetWatcher

@@ -1,24 +1,7 @@
-"""The daemon's HTTP endpoint, served from a thread so a slow client never stalls scraping.
+"""A small HTTP/1.1 server on one selector thread, for the daemon's endpoint (the routes
+are ``serve.routes``): served from a thread so a slow client never stalls scraping.
 
-    GET /metrics            derived metrics (prometheus_client's WSGI app: content
-                            negotiation, OpenMetrics, gzip)
-    GET /healthz            200 while the process lives
-    GET /readyz             200 once settings are loaded and the scheduler runs; 503
-                            before and while shutting down. Never tied to a target
-                            being up: a sidecar must not hold its pod out of service.
-    GET /api/v1/diagnoses   JSON state per target and model (``?target=NAME`` filters)
-    GET /api/v1/series      the status page's document: each target's last hour of
-                            evaluations, its incidents and transitions
-                            (``vllm_triage.serve.pagedata``)
-    GET /                   the status page (``daemon/page/``): the same panels as a
-                            report, fed by /api/v1/series, reloading itself
-
-Anything but GET on a route is 405; unknown paths are 404. The page runs only its own
-scripts and connects only to this origin (Content-Security-Policy); it shows no target's
-credentials or query string, and no receiver at all.
-
-The listener is a small HTTP/1.1 server on one selector thread (``HttpServer``), because
-the property that matters is that ``/healthz`` answers within a second whatever clients
+The property that matters is that ``/healthz`` answers within a second whatever clients
 do, and neither wsgiref (a thread per connection, no idle timeout, a backlog of 5) nor
 waitress (it stops accepting at its ``connection_limit`` until an idle connection times
 out: with 1,100 idle connections at a 1,024-descriptor limit, a probe timed out after 10 s
@@ -30,135 +13,41 @@ with ``connection_limit=100, channel_timeout=5``, and took 5.5 s with 900) has i
 - a request's head must arrive, and a response must be taken, within
   ``IDLE_TIMEOUT_S``, a kept-alive connection idles at most as long; heads over
   ``MAX_HEAD_BYTES`` are refused; request bodies are never read (only GET is served);
-- ``/healthz``, ``/readyz``, the index and every refusal are answered on the selector
-  thread itself; ``/metrics`` and the API are rendered by ``WORKERS`` threads, with at
-  most ``MAX_QUEUED`` waiting (then 503), and while one renders, a rendering of the
-  last ``RENDER_TTL_S`` is served: a flood of scrapes costs one rendering a second.
+- cheap routes and every refusal are answered on the selector thread itself; the routes
+  the application names as costly (``rendered``: /metrics and the API) are rendered by
+  ``WORKERS`` threads, with at most ``MAX_QUEUED`` waiting (then 503), and while one
+  renders, a rendering of the last ``RENDER_TTL_S`` is served: a flood of scrapes costs
+  one rendering a second.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import selectors
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
-from urllib.parse import parse_qs, unquote
+from typing import Any, Protocol
+from urllib.parse import unquote
 
 import structlog
-from prometheus_client import make_wsgi_app
-from prometheus_client.registry import CollectorRegistry
-
-from vllm_triage.page.render import content_security_policy, status_page
-from vllm_triage.page.spec import load_spec
-from vllm_triage.serve.api import diagnoses_json
-from vllm_triage.serve.pagedata import live_document
-from vllm_triage.state import TargetState
 
 log = structlog.get_logger("vllm_triage.http")
 
-StartResponse = Callable[..., Any]
-ROUTES = ("/", "/metrics", "/healthz", "/readyz", "/api/v1/diagnoses", "/api/v1/series")
-SeriesDocument = Callable[[float], dict[str, Any]]
-#: Headers of the status page: its own scripts only, no framing, no sniffing, no caching.
-PAGE_HEADERS = (
-    ("X-Content-Type-Options", "nosniff"),
-    ("X-Frame-Options", "DENY"),
-    ("Referrer-Policy", "no-referrer"),
-    ("Cache-Control", "no-store"),
-)
 
+class App(Protocol):
+    """A WSGI application that names its costly routes: those are rendered on a worker
+    thread (and a recent rendering served again); the rest are answered at once."""
 
-class Endpoints:
-    """The WSGI application."""
+    rendered: frozenset[str]
 
-    def __init__(
-        self,
-        registry: CollectorRegistry,
-        targets: Callable[[], Sequence[TargetState]],
-        ready: Callable[[], bool],
-        clock: Callable[[], float] = time.time,
-        series: SeriesDocument | None = None,
-    ) -> None:
-        self._metrics = make_wsgi_app(registry)
-        self._targets = targets
-        self._ready = ready
-        self._clock = clock
-        self._series = series or (lambda now: live_document(self._targets(), now=now))
-        spec = load_spec()
-        self._page = status_page(
-            source="api/v1/series",
-            refresh_seconds=spec.refresh_seconds,
-            routes=[r for r in ROUTES if r != "/"],
-        ).encode("utf-8")
-        self._page_headers = [
-            ("Content-Security-Policy", content_security_policy(live=True)),
-            *PAGE_HEADERS,
-        ]
-
-    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "/")
-        if path not in ROUTES:
-            return _reply(start_response, "404 Not Found", b"not found\n")
-        method = environ.get("REQUEST_METHOD")
-        if method != "GET":
-            return _reply(
-                start_response,
-                "405 Method Not Allowed",
-                b"" if method == "HEAD" else b"only GET is allowed\n",  # HEAD has no body
-                extra=[("Allow", "GET")],
-            )
-        if path == "/metrics":
-            return self._metrics(environ, start_response)  # type: ignore[no-any-return]
-        if path == "/healthz":
-            return _reply(start_response, "200 OK", b"ok\n")
-        if path == "/readyz":
-            if self._ready():
-                return _reply(start_response, "200 OK", b"ready\n")
-            return _reply(start_response, "503 Service Unavailable", b"not ready\n")
-        if path == "/api/v1/diagnoses":
-            query = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
-            only = query.get("target", [None])[0]
-            targets = self._targets()
-            if only is not None and all(t.name != only for t in targets):
-                # An unknown target is not "no incidents": say so, with the names there are.
-                known = sorted(t.name for t in targets)
-                error = {"error": f"no target named {only!r}", "targets": known}
-                body = json.dumps(error, indent=2).encode("utf-8") + b"\n"
-                return _reply(start_response, "404 Not Found", body, ctype="application/json")
-            doc = diagnoses_json(targets, now=self._clock(), only=only)
-            body = json.dumps(doc, indent=2, allow_nan=False).encode("utf-8") + b"\n"
-            return _reply(start_response, "200 OK", body, ctype="application/json")
-        if path == "/api/v1/series":
-            body = json.dumps(self._series(self._clock()), allow_nan=False).encode("utf-8")
-            return _reply(
-                start_response, "200 OK", body, ctype="application/json", extra=PAGE_HEADERS
-            )
-        return _reply(
-            start_response,
-            "200 OK",
-            self._page,
-            ctype="text/html; charset=utf-8",
-            extra=self._page_headers,
-        )
-
-
-def _reply(
-    start_response: StartResponse,
-    status: str,
-    body: bytes,
-    *,
-    ctype: str = "text/plain; charset=utf-8",
-    extra: Sequence[tuple[str, str]] = (),
-) -> list[bytes]:
-    start_response(status, [("Content-Type", ctype), ("Content-Length", str(len(body))), *extra])
-    return [body]
+    def __call__(
+        self, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]: ...
 
 
 #: Open connections at most (well below a 1,024 file-descriptor limit, leaving room for
@@ -172,8 +61,6 @@ MAX_HEAD_BYTES = 16 * 1024
 WORKERS = 2
 MAX_QUEUED = 64
 LISTEN_BACKLOG = 1024
-#: Routes rendered on a worker thread; everything else is answered at once.
-_RENDERED = frozenset({"/metrics", "/api/v1/diagnoses", "/api/v1/series"})
 _READING, _WORKING, _WRITING, _CLOSING = 0, 1, 2, 3
 #: While a rendering is under way, a recent one (per path, query and negotiated format)
 #: is served again for this long, so that a flood of scrapes costs one rendering a second.
@@ -265,7 +152,7 @@ def _response(status: str, headers: list[tuple[str, str]], body: bytes, keep_ali
 class HttpServer:
     """Binds in the constructor (a port in use fails before anything starts)."""
 
-    def __init__(self, listen: str, app: Endpoints) -> None:
+    def __init__(self, listen: str, app: App) -> None:
         host, port = split_listen(listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -282,6 +169,7 @@ class HttpServer:
         bound_host, bound_port = sock.getsockname()[:2]
         self._address = (str(bound_host), int(bound_port))
         self._app = app
+        self._rendered = app.rendered
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -471,7 +359,7 @@ class HttpServer:
         conn.keep_alive = req.keep_alive and not req.has_body
         log.debug("http_request", client=conn.addr, method=req.method[:16], path=req.path[:200])
         environ = req.environ(self.address)
-        if req.method == "GET" and req.path in _RENDERED:
+        if req.method == "GET" and req.path in self._rendered:
             h = req.headers
             key = (req.path, req.query, h.get("accept", ""), h.get("accept-encoding", ""))
             hit = self._cache.get(key)
