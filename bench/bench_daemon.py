@@ -107,9 +107,9 @@ def _serve(port_out: Any, stop: Any) -> None:
 def _run_daemon(n: int, port: int, out: Any) -> None:
     """A daemon with ``n`` targets, on core 0, for TICKS intervals; what it managed."""
     os.sched_setaffinity(0, {0})
+    from vllm_triage.assemble import build_daemon
     from vllm_triage.config.load import load_settings
     from vllm_triage.logs import configure
-    from vllm_triage.service import Daemon
 
     configure("error", json=True)
     settings = load_settings(
@@ -121,7 +121,7 @@ def _run_daemon(n: int, port: int, out: Any) -> None:
             ],
         }
     )
-    daemon = Daemon(settings)
+    daemon = build_daemon(settings)
     durations: list[float] = []
 
     async def main() -> None:
@@ -130,18 +130,18 @@ def _run_daemon(n: int, port: int, out: Any) -> None:
         await asyncio.sleep(INTERVAL_S)  # first round spread over one interval
         cpu0 = time.process_time()
         wall0 = time.monotonic()
-        scrapes0 = sum(w.state.scrapes for w in daemon.watchers)
+        scrapes0 = sum(w.state.scrapes for w in daemon.targets)
         deadline = wall0 + TICKS * INTERVAL_S
         while time.monotonic() < deadline:
             await asyncio.sleep(0.5)
             durations.extend(
-                w.state.last_duration_s for w in daemon.watchers if w.state.last_duration_s
+                w.state.last_duration_s for w in daemon.targets if w.state.last_duration_s
             )
         cpu = time.process_time() - cpu0
         wall = time.monotonic() - wall0
-        scrapes = sum(w.state.scrapes for w in daemon.watchers) - scrapes0
-        skipped = sum(w.state.skipped_ticks for w in daemon.watchers)
-        failed = sum(sum(w.state.failures.values()) for w in daemon.watchers)
+        scrapes = sum(w.state.scrapes for w in daemon.targets) - scrapes0
+        skipped = sum(w.state.skipped_ticks for w in daemon.targets)
+        failed = sum(sum(w.state.failures.values()) for w in daemon.targets)
         stop.set()
         await task
         out.put(
@@ -206,9 +206,9 @@ def _memory(n: int, out: Any) -> None:
     """RSS of a daemon with ``n`` targets fed two simulated hours of scrapes. The scrapes
     are rendered as they are needed, by one simulation per scenario (targets of the same
     scenario see the same text), so the benchmark holds no recording in memory."""
+    from vllm_triage.assemble import build_daemon
     from vllm_triage.config.load import load_settings
     from vllm_triage.logs import configure
-    from vllm_triage.service import Daemon
     from vllm_triage.simulator import Simulation, get_scenario, hold_last_phase
 
     configure("error", json=True)
@@ -218,7 +218,7 @@ def _memory(n: int, out: Any) -> None:
             "targets": [{"name": f"t{i}", "url": f"http://127.0.0.1:9/t{i}"} for i in range(n)],
         }
     )
-    daemon = Daemon(settings)
+    daemon = build_daemon(settings)
     sims = [Simulation(hold_last_phase(get_scenario(name))) for name in SCENARIOS]
     start = rss_mb()
     t0 = 1_767_225_600.0
@@ -232,8 +232,8 @@ def _memory(n: int, out: Any) -> None:
                 sim.advance_to(step * INTERVAL_S)
                 texts.append(sim.render(created_at=t0).encode())
             at = t0 + step * INTERVAL_S
-            for i, w in enumerate(daemon.watchers):
-                w.consume(w.parser.parse_bytes(texts[i % len(texts)], at))
+            for i, w in enumerate(daemon.scrapers):
+                w.target.consume(w.reader.parser.parse_bytes(texts[i % len(texts)], at))
         marks.append(rss_mb())
     daemon.http.stop()
     out.put({"targets": n, "start": start, "hour1": marks[0], "hour2": marks[1]})
@@ -284,17 +284,18 @@ def bench_detection(speed: float = 10.0) -> list[dict[str, Any]]:
                 }
             )
             with running_daemon(settings, clock=scaled_clock(speed)) as daemon:
-                watcher = daemon.watchers[0]
+                watcher = daemon.targets[0]
                 evaluations: list[bool] = []  # breached?
                 consume = watcher.consume
 
                 def counting(
                     snapshot: Any,
+                    probe: Any = None,
                     consume: Any = consume,
                     w: Any = watcher,
                     evaluations: list[bool] = evaluations,
                 ) -> None:
-                    consume(snapshot)
+                    consume(snapshot, probe)
                     view = w.state.view
                     if view is not None:
                         evaluations.append(
@@ -328,7 +329,8 @@ def bench_delivery(n: int = 200) -> dict[str, float]:
 
     from vllm_triage.config.schema import ReceiverSettings
     from vllm_triage.notify.delivery import Delivery
-    from vllm_triage.notify.receivers import Notification, build_receiver
+    from vllm_triage.notify.receivers import build_receiver
+    from vllm_triage.store import Notification
 
     from harness import Receiver
 

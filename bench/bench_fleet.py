@@ -124,8 +124,8 @@ def _measure(n: int, url: str, end: float, out: Any) -> None:
     import httpx
     from prometheus_client import generate_latest
 
+    from vllm_triage.assemble import build_fleet
     from vllm_triage.config.load import load_settings
-    from vllm_triage.fleet.source import PrometheusSource
     from vllm_triage.logs import configure
     from vllm_triage.serve.exporter import build_registry
 
@@ -151,7 +151,7 @@ def _measure(n: int, url: str, end: float, out: Any) -> None:
 
     async def main() -> None:
         async with httpx.AsyncClient(limits=httpx.Limits(max_connections=16)) as client:
-            source = PrometheusSource(settings, client=client, notifier=None, clock=lambda: now[0])
+            source = build_fleet(settings, client=client, notifier=None, clock=lambda: now[0])
             query = source.query
             spans: list[tuple[float, float]] = []
 
@@ -169,7 +169,7 @@ def _measure(n: int, url: str, end: float, out: Any) -> None:
                 cpu0, wall0 = time.process_time(), time.monotonic()
                 await source.tick()
                 cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
-                judged = sum(1 for w in source.watchers.values() if w.state.up)
+                judged = sum(1 for w in source.targets.values() if w.state.up)
                 rows.append(
                     {
                         "cpu": cpu,
@@ -184,7 +184,7 @@ def _measure(n: int, url: str, end: float, out: Any) -> None:
             cpu0 = time.process_time()
             text = generate_latest(registry)
             render = time.process_time() - cpu0
-            firing = sum(len(w.evaluator.incidents.active()) for w in source.watchers.values())
+            firing = sum(len(w.evaluator.incidents.active()) for w in source.targets.values())
             out.put(
                 {
                     "servers": n,

@@ -42,7 +42,8 @@ from vllm_triage.config.load import load_settings
 from vllm_triage.core.alerts import firing_alert
 from vllm_triage.core.model import Diagnosis, Reason, Transition
 from vllm_triage.core.parse import SnapshotParser
-from vllm_triage.notify.receivers import Notification, build_receiver
+from vllm_triage.notify.receivers import build_receiver
+from vllm_triage.store import Notification
 
 from payloads import many_models
 

@@ -30,14 +30,14 @@ from pathlib import Path
 import httpx
 import structlog
 
+from vllm_triage.assemble import build_notifier
 from vllm_triage.config.load import load_settings
 from vllm_triage.core.alerts import firing_alert
 from vllm_triage.core.dedup import LastSent
 from vllm_triage.core.incidents import State, TrackRecord
 from vllm_triage.core.model import Diagnosis, Reason, Transition
 from vllm_triage.notify.notifier import Notifier
-from vllm_triage.notify.receivers import Notification
-from vllm_triage.store import StateStore
+from vllm_triage.store import Notification, StateStore
 
 N = 2000
 T0 = 1_800_000_000.0
@@ -116,7 +116,7 @@ def bench_notifier() -> dict[str, tuple[float, float]]:
     out: dict[str, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory() as folder:
         for label, store in (("no store", None), ("store", StateStore.open(Path(folder)))):
-            n = Notifier(settings, client, "http://x", store)
+            n = build_notifier(settings, client, "http://x", store)
 
             def notify(i: int, n: Notifier = n, store: StateStore | None = store) -> None:
                 if store is None:

@@ -1,24 +1,69 @@
-"""Settings -> the core's inputs: resolve the GPU name, read config.json, load remediation.
+"""The one assembly point: validated settings in, every part of the daemon out.
 
-This is the one place that turns validated user settings (pydantic, ``vllm_triage.config.schema``)
-into the core's plain dataclasses (``vllm_triage.core.rulebook``); it reads files, so it runs
-once at start-up (in the shell), and the core only ever sees the result.
+Only this module (and the commands, which load the settings and hand them here) reads
+the root ``Settings``. It converts them into the core's plain dataclasses (a target's
+``Rulebook``: the GPU name resolved, config.json read, remediation loaded) and builds
+every part explicitly, handing each only what it needs: a target's evaluator, history,
+parse limits, request headers and probe; each receiver's encoding and delivery; the
+fleet's query plan, hardware resolver and the function that builds a discovered
+server's target; the HTTP listener; the daemon. Nothing else derives its own part of
+the settings. Configured targets are built at start-up; fleet mode's servers as they
+are discovered, and its (card, model) pairs as they are first seen, through the same
+functions.
 """
 
 from __future__ import annotations
 
 import functools
+import socket
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import structlog
 
 from vllm_triage.ceiling.gpus import find_gpu
 from vllm_triage.ceiling.resolve import build_ceiling, build_roofline, model_size
 from vllm_triage.ceiling.sizing import ModelSize
-from vllm_triage.config.schema import Settings
+from vllm_triage.config.auth import auth_headers
+from vllm_triage.config.schema import (
+    HardwareSettings,
+    ModelSettings,
+    PrometheusSourceSettings,
+    ReceiverSettings,
+    Settings,
+    TargetSettings,
+)
 from vllm_triage.core.evaluate import Evaluator
 from vllm_triage.core.model import CAUSES, Cause
 from vllm_triage.core.parse import ParseLimits
 from vllm_triage.core.rulebook import Ceiling, Roofline, Rulebook, Slo, Thresholds
+from vllm_triage.core.timeline import setting_values
 from vllm_triage.errors import ConfigError
+from vllm_triage.fleet.hardware import HardwareResolver
+from vllm_triage.fleet.source import FleetParts, PrometheusSource
+from vllm_triage.net.redact import safe_url
+from vllm_triage.notify.delivery import Delivery
+from vllm_triage.notify.notifier import Notifier
+from vllm_triage.notify.receivers import build_receiver
+from vllm_triage.page.spec import load_spec
+from vllm_triage.recording.report import ReportParts
 from vllm_triage.rules import read_bundled
+from vllm_triage.scrape.loop import ScrapeParts, Scraper
+from vllm_triage.scrape.probe import Prober, completions_url
+from vllm_triage.serve.exporter import build_registry
+from vllm_triage.serve.listener import HttpServer
+from vllm_triage.serve.routes import Endpoints
+from vllm_triage.serve.status import live_document
+from vllm_triage.service import Daemon, DaemonParts, Readiness
+from vllm_triage.state import History, TargetState
+from vllm_triage.store import StateStore
+from vllm_triage.target import Health, Target, TargetParts
+
+log = structlog.get_logger("vllm_triage.service")
 
 
 @functools.cache
@@ -171,3 +216,294 @@ def parse_limits(settings: Settings) -> ParseLimits:
         max_label_value_length=settings.max_label_value_length,
         max_models=settings.max_models_per_target,
     )
+
+
+def settings_rows(settings: Settings) -> list[list[str]]:
+    """The settings the diagnosis used, as ``[key, value]`` rows for the report and the
+    status page (not the daemon's targets or receivers)."""
+    doc = settings.model_dump(
+        mode="json",
+        include={"window_seconds", "slo", "incident", "thresholds", "hardware", "model"},
+    )
+    rows: list[list[str]] = []
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        elif value is not None:
+            rows.append([prefix, str(value)])
+
+    walk("", doc)
+    return rows
+
+
+def report_parts(settings: Settings) -> ReportParts:
+    """What a post-mortem report of a recording needs."""
+    rules = build_rulebook(settings)
+    return ReportParts(
+        rulebook=rules,
+        evaluator=build_evaluator(settings, rules),
+        settings_rows=settings_rows(settings),
+    )
+
+
+class _Rulebooks:
+    """Fleet mode's (hardware, model) pairs, converted as the top level is."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    def rulebook(self, hardware: HardwareSettings, model: ModelSettings) -> Rulebook:
+        return build_rulebook(
+            self._settings.model_copy(update={"hardware": hardware, "model": model})
+        )
+
+    def check_model(self, model: ModelSettings) -> None:
+        settings_model_size(self._settings.model_copy(update={"model": model}))
+
+
+def history(settings: Settings, rulebook: Rulebook) -> History:
+    spec = load_spec()
+    return History.for_interval(
+        spec.measured_keys,
+        history_seconds=spec.history_seconds,
+        interval_seconds=settings.interval_seconds,
+        settings_values=setting_values(rulebook),
+    )
+
+
+def build_target(
+    settings: Settings,
+    name: str,
+    url: str,
+    *,
+    notifier: Notifier | None,
+    store: StateStore | None = None,
+    rulebook: Rulebook | None = None,
+) -> Target:
+    """A target's after-the-core half, configured or discovered. ``url`` is shown to
+    people (never with credentials); ``settings`` are the ones in force for it (a
+    configured target's own hardware and model included: ``Settings.for_target``)."""
+    rules = rulebook or build_rulebook(settings)
+    parts = TargetParts(
+        name=name,
+        url=url,
+        evaluator=build_evaluator(settings, rules),
+        history=history(settings, rules),
+        max_models=settings.max_models_per_target,
+    )
+    return Target(parts, notifier=notifier, store=store)
+
+
+def build_scraped(
+    settings: Settings,
+    target: TargetSettings,
+    *,
+    client: httpx.AsyncClient,
+    notifier: Notifier | None,
+    store: StateStore | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Scraper:
+    """A configured target: its ``Target`` and the scrape loop (and probe) that feeds it."""
+    built = build_target(
+        settings.for_target(target),
+        target.name,
+        safe_url(target.url),
+        notifier=notifier,
+        store=store,
+    )
+    headers = auth_headers(target)
+    prober: Prober | None = None
+    if target.probe.enabled:
+        prober = Prober(
+            target.name,
+            target.probe,
+            url=completions_url(target.url, target.probe.url),
+            headers=headers,
+            client=client,
+            model=lambda: _first_model(built),
+            clock=clock,
+        )
+    parts = ScrapeParts(
+        url=target.url,
+        headers=headers,
+        timeout=settings.scrape_timeout,
+        max_body_bytes=settings.max_body_bytes,
+        limits=parse_limits(settings),
+    )
+    return Scraper(built, parts, client=client, prober=prober, clock=clock)
+
+
+def _first_model(target: Target) -> str | None:
+    """The model the probe asks for: the first ``model_name`` the target exposes."""
+    view = target.state.view
+    if view is None or not view.evaluation.diagnoses:
+        return None
+    return min(view.evaluation.diagnoses)
+
+
+def receiver_name(settings: Settings, index: int) -> str:
+    r: ReceiverSettings = settings.receivers[index]
+    return r.name or f"{r.type}-{index}"
+
+
+def build_notifier(
+    settings: Settings,
+    client: httpx.AsyncClient,
+    external_url: str,
+    store: StateStore | None = None,
+) -> Notifier:
+    """Each receiver's encoding and delivery queue, and the notifier over them."""
+    deliveries = [
+        Delivery(build_receiver(receiver_name(settings, i), r, external_url), client, store)
+        for i, r in enumerate(settings.receivers)
+    ]
+    return Notifier(
+        deliveries,
+        severity=settings.alerting.severity,
+        external_url=external_url,
+        store=store,
+    )
+
+
+def _prometheus(settings: Settings) -> PrometheusSourceSettings:
+    if settings.prometheus is None:
+        raise ConfigError("source: prometheus needs a `prometheus:` section with its url")
+    return settings.prometheus
+
+
+def build_hardware_resolver(settings: Settings) -> HardwareResolver:
+    """Fleet mode's card and model for each server, from its labels, DCGM and the rules."""
+    source = _prometheus(settings)
+    return HardwareResolver(
+        source.servers,
+        source.models,
+        hardware=settings.hardware,
+        model=settings.model,
+        factory=_Rulebooks(settings),
+    )
+
+
+def build_fleet(
+    settings: Settings,
+    *,
+    client: httpx.AsyncClient,
+    notifier: Notifier | None,
+    store: StateStore | None = None,
+    clock: Callable[[], float] = time.time,
+) -> PrometheusSource:
+    """Fleet mode: the query plan's parts, the hardware resolver, and the function that
+    builds each discovered server's bare target (one rulebook for all of them: the
+    top-level settings; each model's own comes from the resolver at judging)."""
+    source = _prometheus(settings)
+    top = build_rulebook(settings)
+    shown = safe_url(source.url.rstrip("/") + "/api/v1/query")
+
+    def new_target(name: str) -> Target:
+        return build_target(settings, name, shown, notifier=notifier, store=store, rulebook=top)
+
+    hardware = build_hardware_resolver(settings)
+    api = Health(TargetState("prometheus", safe_url(source.url), None))
+    parts = FleetParts(
+        source=source,
+        window_seconds=settings.window_seconds,
+        step_seconds=settings.interval_seconds,
+        min_observations=settings.thresholds.min_observations,
+        max_body_bytes=settings.max_body_bytes,
+        hardware=hardware,
+        new_target=new_target,
+        api=api,
+        headers={"Accept": "application/json", "Accept-Encoding": "gzip", **auth_headers(source)},
+    )
+    return PrometheusSource(parts, client=client, notifier=notifier, clock=clock, store=store)
+
+
+def external_url(settings: Settings, address: tuple[str, int]) -> str:
+    """Where alerts' links point: ``alerting.external_url``, else this listener."""
+    if settings.alerting.external_url:
+        return settings.alerting.external_url.rstrip("/")
+    host, port = address
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    return f"http://{host}:{port}"
+
+
+def build_daemon(
+    settings: Settings,
+    *,
+    clock: Callable[[], float] = time.time,
+    default_state_dir: Path | None = None,
+) -> Daemon:
+    """The whole daemon, its port bound and its state restored, ready to ``run``.
+
+    ``default_state_dir``: what ``state_dir: auto`` means here (``run`` passes the XDG
+    state directory; an in-process daemon, as the demo's, keeps nothing)."""
+    # The receivers and the fleet's query API share one client. Each scraped target gets
+    # a client of its own, with one kept-alive connection: in one shared pool every
+    # request scans every idle connection, which made 500 targets cost a core
+    # (bench/bench_daemon.py). The TLS context is built once and shared.
+    tls = ssl.create_default_context()
+    client = httpx.AsyncClient(follow_redirects=False, verify=tls)
+    ready = Readiness()
+    scrapers: list[Scraper] = []
+    fleet: PrometheusSource | None = None
+    notifier: Notifier | None = None
+
+    def states() -> list[TargetState]:
+        if fleet is not None:
+            return fleet.states()
+        return [s.target.state for s in scrapers]
+
+    def deliveries() -> list[Delivery]:
+        return notifier.deliveries if notifier is not None else []
+
+    rows, interval = settings_rows(settings), settings.interval_seconds
+    endpoints = Endpoints(
+        build_registry(states, deliveries),
+        states,
+        ready,
+        clock,
+        series=lambda now: live_document(
+            states(), now=now, interval_seconds=interval, settings_rows=rows
+        ),
+    )
+    http = HttpServer(settings.listen, endpoints)
+    state_dir = settings.state_path(default_state_dir)
+    store = StateStore.open(state_dir) if state_dir is not None else None
+    notifier = build_notifier(settings, client, external_url(settings, http.address), store)
+    for t in settings.targets:
+        scraper_client = httpx.AsyncClient(
+            follow_redirects=False,
+            verify=tls,
+            limits=httpx.Limits(max_connections=2, max_keepalive_connections=1),
+        )
+        scrapers.append(
+            build_scraped(
+                settings, t, client=scraper_client, notifier=notifier, store=store, clock=clock
+            )
+        )
+    if settings.source == "prometheus":
+        fleet = build_fleet(settings, client=client, notifier=notifier, store=store, clock=clock)
+    elif store is not None:
+        # Targets no longer configured: nothing will evaluate them again. (In fleet
+        # mode servers are discovered as they appear, so theirs wait in the store.)
+        with store.batch():
+            for name in sorted(store.restored.incidents):
+                log.warning("incidents_target_gone", target=name)
+                store.save_incidents(name, ())
+            store.restored.incidents.clear()
+            notifier.resolve_gone({t.name for t in settings.targets}, clock())
+    parts = DaemonParts(
+        http=http,
+        store=store,
+        notifier=notifier,
+        scrapers=scrapers,
+        fleet=fleet,
+        client=client,
+        interval_seconds=settings.interval_seconds,
+        shutdown_grace_seconds=settings.shutdown_grace_seconds,
+        source=settings.source,
+        ready=ready,
+    )
+    return Daemon(parts, clock=clock)

@@ -14,7 +14,8 @@ import logging
 import os
 import sys
 import textwrap
-from collections.abc import Mapping, MutableMapping
+import time
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, TextIO
 
 import structlog
@@ -107,3 +108,49 @@ def configure(
     # APScheduler warns through the standard library when a scrape tick is skipped; the
     # daemon counts and logs those itself (scrape_skipped), so only its errors are shown.
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
+
+
+#: A condition that repeats (a dead target, an unanswered probe, a series that is always
+#: NaN) logs its first occurrence at once, then one line per this many seconds.
+REPEAT_LOG_EVERY_S = 60.0
+
+
+class Throttle:
+    """Rate-limits the log lines of one repeating condition, counting what it held back.
+
+    ``due(reason)`` says whether to log now: the first time, whenever ``reason`` changes
+    (a timeout, then a redirect: new news), and once every ``every_s`` seconds; otherwise
+    it counts one held back. ``held`` is how many were held back since the last line.
+    ``clear()`` ends the condition: it returns ``held`` if a line was logged since it
+    began (so the caller can log that it recovered), else None.
+    """
+
+    def __init__(
+        self,
+        every_s: float = REPEAT_LOG_EVERY_S,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.every_s = every_s
+        self.held = 0
+        self._clock = clock
+        self._logged_at: float | None = None
+        self._reason = ""
+
+    def due(self, reason: str = "") -> bool:
+        now = self._clock()
+        changed = reason != self._reason
+        self._reason = reason
+        if self._logged_at is None or changed or now - self._logged_at >= self.every_s:
+            return True
+        self.held += 1
+        return False
+
+    def logged(self) -> None:
+        """The line ``due`` allowed was written: the held-back count starts again."""
+        self._logged_at, self.held = self._clock(), 0
+
+    def clear(self) -> int | None:
+        held = self.held if self._logged_at is not None else None
+        self._logged_at, self.held, self._reason = None, 0, ""
+        return held

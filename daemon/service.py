@@ -1,5 +1,6 @@
-"""``vllm-triage run``: the daemon. Wires the watchers, the notifier, the scheduler and the
-HTTP endpoint together, and takes them down in order.
+"""``vllm-triage run``: the daemon. Runs the parts the assembly built (``assemble.build_daemon``:
+the scrape loops, the fleet source, the notifier, the HTTP endpoint) on one scheduler, and
+takes them down in order.
 
 Scheduling is APScheduler 3's ``AsyncIOScheduler``, one interval job per target with
 ``max_instances=1`` (a scrape never overlaps the previous one of its target; the tick
@@ -15,7 +16,7 @@ then is counted as failed and logged, never dropped silently; with a state store
 kept there and delivered at the next start.
 
 State (``state_dir``, ``daemon/store.py``): opened in the constructor, before anything
-runs. The watchers restore their targets' incidents, the notifier its active alerts, its
+runs. The targets restore their incidents, the notifier its active alerts, its
 log and each receiver's undelivered notifications; the first evaluations then carry on
 as if the daemon had never stopped.
 """
@@ -25,12 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import socket
-import ssl
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import httpx
 import structlog
@@ -38,30 +37,18 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEve
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from vllm_triage import __version__
-from vllm_triage.config.schema import Settings
 from vllm_triage.fleet.source import PrometheusSource
 from vllm_triage.notify.notifier import Notifier
-from vllm_triage.serve.exporter import build_registry
+from vllm_triage.scrape.loop import Scraper
 from vllm_triage.serve.listener import HttpServer
-from vllm_triage.serve.pagedata import live_document
-from vllm_triage.serve.routes import Endpoints
 from vllm_triage.state import TargetState
 from vllm_triage.store import StateStore
-from vllm_triage.watcher import TargetWatcher
+from vllm_triage.target import Target
 
 log = structlog.get_logger("vllm_triage.service")
 
 #: How often the notifier looks for repeats and Alertmanager re-sends.
 NOTIFIER_TICK_S = 1.0
-
-
-def external_url(settings: Settings, address: tuple[str, int]) -> str:
-    if settings.alerting.external_url:
-        return settings.alerting.external_url.rstrip("/")
-    host, port = address
-    if host in ("0.0.0.0", "::", ""):
-        host = socket.gethostname()
-    return f"http://{host}:{port}"
 
 
 def _every(
@@ -90,80 +77,62 @@ def _every(
     )
 
 
-class Daemon:
-    """Everything is built (and the port bound) in the constructor, so a bad setting or a
-    port in use fails before anything runs; ``run`` then serves until stopped."""
+@dataclass(frozen=True, slots=True)
+class DaemonParts:
+    """Everything the daemon runs, built by the assembly (``assemble.build_daemon``)."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        clock: Callable[[], float] = time.time,
-        default_state_dir: Path | None = None,
-    ) -> None:
-        """``default_state_dir``: what ``state_dir: auto`` means here (``run`` passes the
-        XDG state directory; an in-process daemon, as the demo's, keeps nothing)."""
-        self.settings = settings
-        self.clock = clock
+    http: HttpServer
+    store: StateStore | None
+    notifier: Notifier
+    #: One per configured target (none in fleet mode).
+    scrapers: list[Scraper]
+    fleet: PrometheusSource | None
+    #: The receivers' and the query API's client (each scraped target has its own).
+    client: httpx.AsyncClient
+    interval_seconds: float
+    shutdown_grace_seconds: float
+    source: str
+    ready: Readiness
+
+
+class Readiness:
+    """Whether the daemon serves: /readyz says it (read from the listener's thread)."""
+
+    def __init__(self) -> None:
         self.ready = False
-        # Receivers and the fleet's query API share one client. Each scraped target gets
-        # a client of its own, with one kept-alive connection: in one shared pool every
-        # request scans every idle connection, which made 500 targets cost a core
-        # (bench/bench_daemon.py). The TLS context is built once and shared.
-        self._tls = ssl.create_default_context()
-        self._client = httpx.AsyncClient(follow_redirects=False, verify=self._tls)
-        endpoints = Endpoints(
-            build_registry(self.target_states, lambda: self.notifier.deliveries),
-            self.target_states,
-            lambda: self.ready,
-            clock,
-            series=lambda now: live_document(self.target_states(), now=now, settings=settings),
-        )
-        self.http = HttpServer(settings.listen, endpoints)
-        state_dir = settings.state_path(default_state_dir)
-        self.store = StateStore.open(state_dir) if state_dir is not None else None
-        store = self.store
-        self.notifier = Notifier(
-            settings, self._client, external_url(settings, self.address), store
-        )
-        self.watchers = [
-            TargetWatcher(
-                t,
-                settings,
-                client=self._target_client(),
-                notifier=self.notifier,
-                clock=clock,
-                store=store,
-            )
-            for t in settings.targets
-        ]
-        self.fleet: PrometheusSource | None = None
-        if settings.source == "prometheus":
-            self.fleet = PrometheusSource(
-                settings, client=self._client, notifier=self.notifier, clock=clock, store=store
-            )
-        elif store is not None:
-            # Targets no longer configured: nothing will evaluate them again. (In fleet
-            # mode servers are discovered as they appear, so theirs wait in the store.)
-            with store.batch():
-                for name in sorted(store.restored.incidents):
-                    log.warning("incidents_target_gone", target=name)
-                    store.save_incidents(name, ())
-                store.restored.incidents.clear()
-                self.notifier.resolve_gone({t.name for t in settings.targets}, clock())
 
-    def _target_client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            follow_redirects=False,
-            verify=self._tls,
-            limits=httpx.Limits(max_connections=2, max_keepalive_connections=1),
-        )
+    def __call__(self) -> bool:
+        return self.ready
+
+
+class Daemon:
+    """Everything is built (and the port bound) before the constructor, so a bad setting or
+    a port in use fails before anything runs; ``run`` then serves until stopped."""
+
+    def __init__(self, parts: DaemonParts, *, clock: Callable[[], float] = time.time) -> None:
+        self.parts = parts
+        self.clock = clock
+        self.http = parts.http
+        self.store = parts.store
+        self.notifier = parts.notifier
+        self.scrapers = parts.scrapers
+        self.fleet = parts.fleet
+        self._client = parts.client
+
+    @property
+    def ready(self) -> bool:
+        return self.parts.ready.ready
+
+    @property
+    def targets(self) -> list[Target]:
+        """The configured targets (fleet mode's are ``fleet.targets``)."""
+        return [s.target for s in self.scrapers]
 
     def target_states(self) -> list[TargetState]:
         """Every target's state now (in fleet mode the list grows as servers appear)."""
         if self.fleet is not None:
             return self.fleet.states()
-        return [w.state for w in self.watchers]
+        return [s.target.state for s in self.scrapers]
 
     @property
     def address(self) -> tuple[str, int]:
@@ -176,11 +145,13 @@ class Daemon:
         return f"http://{host}:{port}"
 
     def _on_skipped(self, event: JobEvent) -> None:
-        watchers = list(self.watchers) + ([self.fleet.api] if self.fleet is not None else [])
-        for w in watchers:
-            if event.job_id == f"scrape:{w.state.name}":
-                w.state.skipped_ticks += 1
-                log.warning("scrape_skipped", target=w.state.name, why="previous still running")
+        states = [s.target.state for s in self.scrapers]
+        if self.fleet is not None:
+            states.append(self.fleet.api.state)
+        for st in states:
+            if event.job_id == f"scrape:{st.name}":
+                st.skipped_ticks += 1
+                log.warning("scrape_skipped", target=st.name, why="previous still running")
 
     async def run(self, stop: asyncio.Event | None = None, *, handle_signals: bool = False) -> None:
         stop = stop or asyncio.Event()
@@ -188,47 +159,48 @@ class Daemon:
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
-        s = self.settings
+        p = self.parts
         workers = [
             asyncio.create_task(d.run(), name=f"deliver:{d.name}") for d in self.notifier.deliveries
         ]
         scheduler = AsyncIOScheduler(timezone=UTC, event_loop=loop)
         now = datetime.now(UTC)
-        n = max(len(self.watchers), 1)
-        for i, w in enumerate(self.watchers):
+        n = max(len(self.scrapers), 1)
+        for i, sc in enumerate(self.scrapers):
             _every(
                 scheduler,
-                w.scrape,
-                s.interval_seconds,
-                f"scrape:{w.state.name}",
-                first=now + timedelta(seconds=s.interval_seconds * i / n),
+                sc.scrape,
+                p.interval_seconds,
+                f"scrape:{sc.name}",
+                first=now + timedelta(seconds=p.interval_seconds * i / n),
             )
-        probers = [w.prober for w in self.watchers if w.prober is not None]
-        for i, p in enumerate(probers):
+        probers = [sc.prober for sc in self.scrapers if sc.prober is not None]
+        for i, pr in enumerate(probers):
             # Spread like the scrapes; the first probe goes one interval after start,
             # once a scrape has said which model the server serves.
             _every(
                 scheduler,
-                p.run,
-                p.settings.interval_seconds,
-                f"probe:{p.target}",
-                first=now + timedelta(seconds=p.settings.interval_seconds * (1 + i / len(probers))),
+                pr.run,
+                pr.settings.interval_seconds,
+                f"probe:{pr.target}",
+                first=now
+                + timedelta(seconds=pr.settings.interval_seconds * (1 + i / len(probers))),
             )
         if self.fleet is not None:
-            _every(scheduler, self.fleet.tick, s.interval_seconds, "scrape:prometheus", first=now)
+            _every(scheduler, self.fleet.tick, p.interval_seconds, "scrape:prometheus", first=now)
         _every(scheduler, lambda: self.notifier.tick(self.clock()), NOTIFIER_TICK_S, "notifier")
         scheduler.add_listener(self._on_skipped, EVENT_JOB_MAX_INSTANCES | EVENT_JOB_MISSED)
         self.http.start()
         scheduler.start()
-        self.ready = True
+        p.ready.ready = True
         log.info(
             "started",
             version=__version__,
             listen=f"{self.address[0]}:{self.address[1]}",
-            targets=[w.state.name for w in self.watchers],
-            source=s.source,
+            targets=[sc.name for sc in self.scrapers],
+            source=p.source,
             receivers=[d.name for d in self.notifier.deliveries],
-            interval_s=s.interval_seconds,
+            interval_s=p.interval_seconds,
         )
         try:
             await stop.wait()
@@ -239,13 +211,14 @@ class Daemon:
         self, scheduler: AsyncIOScheduler, workers: list[asyncio.Task[None]]
     ) -> None:
         began = time.monotonic()
-        deadline = began + self.settings.shutdown_grace_seconds
-        self.ready = False
-        log.info("stopping", grace_s=self.settings.shutdown_grace_seconds)
+        grace = self.parts.shutdown_grace_seconds
+        deadline = began + grace
+        self.parts.ready.ready = False
+        log.info("stopping", grace_s=grace)
         scheduler.shutdown(wait=False)
-        for w in self.watchers:
-            if w.prober is not None:
-                w.prober.cancel()  # nobody waits for a probe's answer at shutdown
+        for sc in self.scrapers:
+            if sc.prober is not None:
+                sc.prober.cancel()  # nobody waits for a probe's answer at shutdown
         # Let scrapes the scheduler had just submitted start, so they are waited for
         # below rather than cancelled unstarted (which the scheduler logs as a crash).
         for _ in range(3):
@@ -253,7 +226,7 @@ class Daemon:
 
         def busy() -> bool:
             fleet = self.fleet is not None and self.fleet.in_flight
-            return fleet or any(w.in_flight for w in self.watchers)
+            return fleet or any(sc.in_flight for sc in self.scrapers)
 
         while busy() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -269,7 +242,7 @@ class Daemon:
         lost = sum(d.abandon("undelivered at shutdown") for d in self.notifier.deliveries)
         kept = sum(d.kept for d in self.notifier.deliveries)
         await asyncio.gather(
-            self._client.aclose(), *(w.close() for w in self.watchers), return_exceptions=True
+            self._client.aclose(), *(sc.close() for sc in self.scrapers), return_exceptions=True
         )
         self.http.stop()
         if self.store is not None:

@@ -1,24 +1,134 @@
-"""What each target's watcher publishes, and what the read side (exporter, API, HTTP server,
-demo view) reads: without importing the scrape loop.
+"""What each target publishes, and what the read side (exporter, API, status page, demo
+view) reads: without importing the scrape loop, the probe's client or the notifier. The
+probe (``ProbeStats``) and each receiver's queue (``ReceiverStats``) publish here too.
 
 The event loop replaces a target's ``view`` whole after each evaluation; the HTTP thread
 reads it without a lock: swapping one reference is atomic, and a view is never mutated.
+The status page's memory (``History``: the last hour of evaluations per model, bounded)
+is appended by the event loop and read by the HTTP thread under a lock both hold for
+microseconds. A model that stops reporting is forgotten one ``history_seconds`` after its
+last point; the README's "Status page" states the bound (``core.series`` says why).
 """
 
 from __future__ import annotations
 
+import math
+import threading
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.incidents import Active, State
 from vllm_triage.core.model import Cause, Transition
-from vllm_triage.core.rulebook import Ceiling
-from vllm_triage.scrape.probe import ProbeStats
-from vllm_triage.serve.history import History
+from vllm_triage.core.rulebook import Ceiling, Rulebook
+from vllm_triage.core.series import Ring, Window
+from vllm_triage.core.timeline import point_values
 
 RECENT_TRANSITIONS = 20
+
+
+@dataclass(slots=True)
+class ProbeStats:
+    """What the exporter and the API show about a target's active probe
+    (``scrape.probe`` writes it)."""
+
+    url: str
+    probes: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    last_seconds: float | None = None
+    last_reason: str | None = None
+    last_at: float | None = None
+    unanswered_since: float | None = None
+    in_flight: bool = False
+
+
+@dataclass(slots=True)
+class ReceiverStats:
+    """What a receiver's delivery queue has done (``notify.delivery`` writes it)."""
+
+    sent: int = 0
+    retried: int = 0
+    failed: int = 0
+    dropped: int = 0
+    last_error: str = ""
+    last_success_at: float | None = None
+
+
+class ReceiverView(Protocol):
+    """What the read side shows of a receiver's delivery queue."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def stats(self) -> ReceiverStats: ...
+
+    @property
+    def pending(self) -> int: ...
+
+
+class History:
+    """One target's rings, one per model, each ``capacity`` points long."""
+
+    def __init__(
+        self,
+        keys: Iterable[str],
+        *,
+        capacity: int,
+        keep_seconds: float,
+        settings_values: Mapping[str, float] | None = None,
+    ) -> None:
+        self.keys = tuple(keys)
+        #: The target's settings in force (SLOs, thresholds, ceiling), drawn as lines.
+        self.settings_values = dict(settings_values or {})
+        self.capacity = capacity
+        self.keep_seconds = keep_seconds
+        self._rings: dict[str, Ring] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_interval(
+        cls,
+        keys: Iterable[str],
+        *,
+        history_seconds: float,
+        interval_seconds: float,
+        settings_values: Mapping[str, float] | None = None,
+    ) -> History:
+        capacity = math.ceil(history_seconds / interval_seconds) + 1
+        return cls(
+            keys,
+            capacity=capacity,
+            keep_seconds=history_seconds,
+            settings_values=settings_values,
+        )
+
+    def record(self, evaluation: Evaluation, rules: Rulebook) -> None:
+        """Append one point per model the evaluation diagnosed."""
+        points = [
+            (model, point_values(evaluation.signals[model], d, rules, self.keys), d.cause)
+            for model, d in evaluation.diagnoses.items()
+        ]
+        with self._lock:
+            for model, values, cause in points:
+                ring = self._rings.get(model)
+                if ring is None:
+                    ring = self._rings[model] = Ring(self.keys, self.capacity)
+                ring.append(evaluation.at, values, cause)
+            stale = evaluation.at - self.keep_seconds
+            for model in [m for m, r in self._rings.items() if (r.newest or 0.0) < stale]:
+                del self._rings[model]
+
+    def windows(self, since: float) -> dict[str, Window]:
+        with self._lock:
+            return {m: r.window(since) for m, r in sorted(self._rings.items())}
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(r.nbytes for r in self._rings.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +172,7 @@ class TargetState:
     recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))
     #: The active probe's counts, when the target has one.
     probe: ProbeStats | None = None
-    #: The last hour of evaluations, for the status page (bounded: ``vllm_triage.serve.history``).
+    #: The last hour of evaluations, for the status page (bounded: ``History``).
     history: History | None = None
 
     def attempted(self, at: float, duration_s: float | None = None) -> None:

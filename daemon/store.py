@@ -49,7 +49,6 @@ import structlog
 from vllm_triage.core.alerts import Alert
 from vllm_triage.core.dedup import LastSent
 from vllm_triage.core.incidents import State, TrackRecord
-from vllm_triage.notify.receivers import Notification
 
 log = structlog.get_logger("vllm_triage.store")
 
@@ -94,6 +93,16 @@ ALTER TABLE incidents ADD COLUMN since_resolved INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE nflog ADD COLUMN cause TEXT NOT NULL DEFAULT '';
 """,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    """One POST to make, as a receiver encoded it and the store keeps it until it is
+    delivered: ``what`` says it in logs (no secrets, no bodies)."""
+
+    body: bytes
+    what: str
+    path: str = ""
 
 
 def default_state_dir() -> Path:

@@ -19,6 +19,7 @@ import httpx
 import structlog
 from prometheus_client import generate_latest
 
+from vllm_triage.assemble import build_scraped
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import ReceiverSettings, TargetSettings
 from vllm_triage.core.parse import SnapshotParser
@@ -27,7 +28,6 @@ from vllm_triage.notify.receivers import build_receiver
 from vllm_triage.recording.files import recording_files
 from vllm_triage.serve.exporter import build_registry
 from vllm_triage.state import TargetState
-from vllm_triage.watcher import TargetWatcher
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden" / "metrics.prom"
@@ -54,7 +54,7 @@ def _replayed(name: str, recording: str, extra: dict[str, object] | None) -> Tar
     target = TargetSettings.model_validate(
         {"name": name, "url": "http://127.0.0.1:8000/metrics", **(extra or {})}
     )
-    watcher = TargetWatcher(target, settings, client=httpx.AsyncClient(), notifier=None)
+    watcher = build_scraped(settings, target, client=httpx.AsyncClient(), notifier=None).target
     parser = SnapshotParser()
     for at, path in recording_files(RECORDINGS / recording):
         watcher.state.attempted(at)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from vllm_triage.assemble import build_daemon
 from vllm_triage.config.schema import Settings
 from vllm_triage.service import Daemon
 from vllm_triage.simulator import Scenario
@@ -73,7 +74,7 @@ def running_daemon(
     settings: Settings, *, clock: Callable[[], float] = time.time
 ) -> Iterator[Daemon]:
     """The daemon on an event loop of its own thread; stopped (as by SIGTERM) on exit."""
-    daemon = Daemon(settings, clock=clock)
+    daemon = build_daemon(settings, clock=clock)
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     thread = threading.Thread(target=loop.run_until_complete, args=(daemon.run(stop),), daemon=True)

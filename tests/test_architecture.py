@@ -1,5 +1,7 @@
-"""The core (``daemon/core/``) is pure: it imports only itself, ``vllm_triage.errors`` and a short
-list of standard-library modules that touch no clock, network, file or process state.
+"""The house's rules. The core (``daemon/core/``) is pure: it imports only itself,
+``vllm_triage.errors`` and a short list of standard-library modules that touch no clock,
+network, file or process state. Each room of the package imports only the rooms below it
+(``WINGS``), and only the assembly reads the root settings.
 
 The test reads the source (it does not import it), so a forbidden import is caught even
 where it sits in a function body or under ``TYPE_CHECKING``.
@@ -18,12 +20,14 @@ CORE = Path(__file__).resolve().parent.parent / "daemon" / "core"
 ALLOWED_STDLIB = frozenset(
     {
         "__future__",
+        "array",  # fixed-size numeric columns (``core.series``)
         "collections",
         "collections.abc",
         "dataclasses",
         "datetime",  # formatting a given unix time; ``now()`` is refused below
         "enum",
         "functools",
+        "hashlib",  # a stable digest keeps a long label value distinct (``core.names``)
         "itertools",
         "json",
         "math",
@@ -88,6 +92,8 @@ def test_the_core_has_its_modules() -> None:
         "rulebook",
         "dedup",
         "timeline",
+        "drive",
+        "series",
     } <= names
 
 
@@ -126,47 +132,166 @@ def test_the_clock_check_finds_a_clock_read(tmp_path: Path) -> None:
     assert clock_calls(src) == ["datetime.datetime.now"]
 
 
-#: What each wing of the package may import from the package (besides itself).
-#: ``runtime`` is every module directly in ``daemon/``. See docs/architecture.md.
+#: What each wing may import from the package, besides itself (docs/architecture.md draws
+#: it). A wing is a folder of ``daemon/``; each module directly in ``daemon/`` is its own
+#: room, named by its stem. ``version`` is ``from vllm_triage import __version__``.
+LEAVES = {"errors", "rules", "version"}
 WINGS: dict[str, set[str]] = {
+    # The pure core and what it is given.
     "core": {"errors"},
     "ceiling": {"core", "errors", "rules"},
     "simulator": {"ceiling", "errors", "rules"},
     "page": {"core", "errors", "rules", "version"},
-    "runtime": {"core", "ceiling", "page", "errors", "version"},
-    "demo": {"core", "ceiling", "runtime", "page", "simulator", "errors", "version"},
-    "commands": {"core", "ceiling", "runtime", "page", "simulator", "demo", "errors", "version"},
+    # Settings, and the edges of the runtime.
+    "net": {"errors", "version"},
+    "config": {"ceiling", "core", "net"} | LEAVES,
+    "logs": set(),
+    "buildinfo": set(),
+    "state": {"core"},
+    "store": {"core"},
+    # The runtime's rooms: each is handed its parts; none reads the root settings.
+    "notify": {"core", "config", "net", "state", "store"} | LEAVES,
+    "target": {"core", "logs", "notify", "state", "store"},
+    "scrape": {"core", "config", "net", "logs", "state", "target"} | LEAVES,
+    "fleet": {"core", "config", "ceiling", "net", "notify", "state", "store", "target"} | LEAVES,
+    "serve": {"core", "page", "net", "state"} | LEAVES,
+    "recording": {"core", "page", "net"} | LEAVES,
+    "service": {"fleet", "notify", "scrape", "serve", "state", "store", "target"} | LEAVES,
+    # The one assembly point, and what is built on it.
+    "assemble": {
+        "core",
+        "ceiling",
+        "config",
+        "page",
+        "net",
+        "state",
+        "store",
+        "target",
+        "notify",
+        "scrape",
+        "fleet",
+        "serve",
+        "recording",
+        "service",
+    }
+    | LEAVES,
+    "demo": {
+        "core",
+        "ceiling",
+        "config",
+        "page",
+        "net",
+        "state",
+        "store",
+        "target",
+        "notify",
+        "scrape",
+        "fleet",
+        "serve",
+        "recording",
+        "service",
+        "assemble",
+        "simulator",
+        "logs",
+    }
+    | LEAVES,
 }
+WINGS["commands"] = WINGS["demo"] | {"demo"}
+WINGS["cli"] = {"commands", "buildinfo", "logs"} | LEAVES
 PACKAGE = CORE.parent
-SUBPACKAGES = {"core", "ceiling", "simulator", "demo", "commands", "page"}
+#: Where the root ``Settings`` (or the loader that makes them) may be read: the loader
+#: itself, the assembly, and the entry points that load the settings and hand them over.
+READS_ROOT_SETTINGS = {"config", "assemble", "commands", "demo"}
 
 
-def wing_of(module: str) -> str:
-    """``vllm_triage.core.parse`` -> core; ``vllm_triage.watcher`` -> runtime; the package itself
-    -> version."""
+def room_of_module(module: str) -> str:
+    """``vllm_triage.core.parse`` -> core; ``vllm_triage.target`` -> target; the package
+    itself -> version."""
     parts = module.split(".")
     if parts == ["vllm_triage"]:
-        return "version"  # ``from vllm_triage import __version__``
-    if parts[1] == "errors":
-        return "errors"
-    if parts[1] == "rules":
-        return "rules"
-    return parts[1] if parts[1] in SUBPACKAGES else "runtime"
+        return "version"
+    return parts[1]
+
+
+def room_of_path(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
 
 def _all_modules() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if p.name != "cli.py")
+    return sorted(
+        p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE
+    )
 
 
 @pytest.mark.parametrize("path", _all_modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_each_wing_imports_only_what_it_may(path: Path) -> None:
-    rel = path.relative_to(PACKAGE)
-    own = rel.parts[0] if len(rel.parts) > 1 else "runtime"
-    if own not in WINGS:  # errors.py, rules.py: leaves every wing may use
+def test_each_room_imports_only_what_it_may(path: Path) -> None:
+    own = room_of_path(path)
+    if own in LEAVES:  # errors.py, rules.py: leaves every room may use
         return
+    assert own in WINGS, f"{own}: a new room; give it a row in WINGS (and docs/architecture.md)"
     allowed = WINGS[own] | {own}
-    used = {wing_of(m) for m in imports(path) if m == "vllm_triage" or m.startswith("vllm_triage.")}
-    # ``rules`` (reading the bundled YAML) is a leaf like ``errors``; the runtime reads it.
-    if own == "runtime":
-        allowed |= {"rules"}
-    assert used <= allowed, f"{rel} imports {sorted(used - allowed)}"
+    used = {
+        room_of_module(m)
+        for m in imports(path)
+        if m == "vllm_triage" or m.startswith("vllm_triage.")
+    }
+    assert used <= allowed, f"{path.relative_to(PACKAGE)} imports {sorted(used - allowed)}"
+
+
+def root_settings_reads(path: Path) -> list[str]:
+    """The imports of ``path`` that read the root settings: the ``Settings`` class or the
+    loader."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "vllm_triage.config.schema":
+            out.extend(f"{node.module}.Settings" for a in node.names if a.name == "Settings")
+        elif isinstance(node, ast.ImportFrom) and node.module == "vllm_triage.config.load":
+            out.append(node.module)
+    return out
+
+
+@pytest.mark.parametrize("path", _all_modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_the_assembly_reads_the_root_settings(path: Path) -> None:
+    """Every other room is handed the parts (or the settings section) it needs."""
+    if room_of_path(path) in READS_ROOT_SETTINGS:
+        return
+    assert root_settings_reads(path) == []
+
+
+def test_the_settings_check_finds_a_read(tmp_path: Path) -> None:
+    src = tmp_path / "x.py"
+    src.write_text(
+        "from vllm_triage.config.schema import ProbeSettings, Settings\n"
+        "from vllm_triage.config.load import load_settings\n",
+        encoding="utf-8",
+    )
+    assert root_settings_reads(src) == [
+        "vllm_triage.config.schema.Settings",
+        "vllm_triage.config.load",
+    ]
+
+
+def test_few_modules_directly_in_the_package() -> None:
+    """The runtime lives in wings; the package's top holds the entry points, the assembly,
+    the leaves and the few rooms every wing shares."""
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__")
+    assert len(top) <= 11, top
+
+
+def test_there_are_no_import_loops_between_rooms() -> None:
+    """Rooms form a layered graph: no room reaches itself through the others."""
+    graph = {room: deps - LEAVES - {room} for room, deps in WINGS.items()}
+    seen: dict[str, int] = {}
+
+    def visit(room: str, path: tuple[str, ...]) -> None:
+        assert room not in path, " -> ".join((*path, room))
+        if seen.get(room) == 2:
+            return
+        for dep in sorted(graph.get(room, set())):
+            visit(dep, (*path, room))
+        seen[room] = 2
+
+    for room in sorted(graph):
+        visit(room, ())

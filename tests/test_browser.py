@@ -23,6 +23,7 @@ import pytest
 from selenium.webdriver import ActionChains, Chrome
 from selenium.webdriver.common.by import By
 
+from vllm_triage.assemble import report_parts
 from vllm_triage.config.load import load_settings
 from vllm_triage.demo.live import scaled_clock
 from vllm_triage.demo.offline import START_AT
@@ -109,7 +110,9 @@ def check_drawn(driver: Chrome, doc: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_each_committed_recording(browser: Chrome, shots: Path, tmp_path: Path, name: str) -> None:
-    out = write_report(RECORDINGS / name, load_settings(CONFIG), tmp_path / f"{name}.html")
+    out = write_report(
+        RECORDINGS / name, report_parts(load_settings(CONFIG)), tmp_path / f"{name}.html"
+    )
     loaded = load(browser, out.path.as_uri())
     clean(loaded)
     doc = inline_document(out.path)
@@ -144,7 +147,7 @@ def test_an_incident_that_changed_cause(browser: Chrome, shots: Path, tmp_path: 
         encoding="utf-8",
     )
     settings = load_settings(tmp_path / "steady.yaml")
-    out = write_report(tmp_path / "rec", settings, tmp_path / "steady.html")
+    out = write_report(tmp_path / "rec", report_parts(settings), tmp_path / "steady.html")
     clean(load(browser, out.path.as_uri()))
     doc = inline_document(out.path)
     (incident,) = doc["sections"][0]["incidents"]
@@ -163,7 +166,7 @@ def test_an_incident_that_changed_cause(browser: Chrome, shots: Path, tmp_path: 
 
 
 def test_hovering_a_marker_says_the_transition(browser: Chrome, tmp_path: Path) -> None:
-    out = write_report(RECORDINGS / "kv", load_settings(CONFIG), tmp_path / "kv.html")
+    out = write_report(RECORDINGS / "kv", report_parts(load_settings(CONFIG)), tmp_path / "kv.html")
     clean(load(browser, out.path.as_uri()))
     marker = browser.find_elements(By.CSS_SELECTOR, '.vt-panel[data-panel="kv"] .vt-marker')[0]
     ActionChains(browser).move_to_element(marker).perform()
@@ -182,7 +185,7 @@ def test_a_hostile_model_name_is_only_text(browser: Chrome, tmp_path: Path) -> N
             'model_name="tiny-llama"', f'model_name="{hostile}"'
         )
         (rec / f.name).write_text(body, encoding="utf-8")
-    out = write_report(rec, load_settings(CONFIG), tmp_path / "hostile.html")
+    out = write_report(rec, report_parts(load_settings(CONFIG)), tmp_path / "hostile.html")
     clean(load(browser, out.path.as_uri()))
     assert browser.execute_script("return window.pwned === undefined")
     assert hostile in browser.find_element(By.CSS_SELECTOR, "section.vt-section h2").text
@@ -252,7 +255,7 @@ def test_the_live_status_page(browser: Chrome, shots: Path) -> None:
             }
         )
         with running_daemon(settings, clock=scaled_clock(speed, START_AT)) as daemon:
-            wait_for(lambda: daemon.watchers[0].state.transitions > 0, timeout=60)
+            wait_for(lambda: daemon.targets[0].state.transitions > 0, timeout=60)
             loaded = load(browser, f"{daemon.url}/")
             clean(loaded)
             doc = browser.execute_script("return window.vtPage.doc")  # what it drew

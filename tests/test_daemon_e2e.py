@@ -141,7 +141,7 @@ class TestTheWholePipeline:
             )
             with running_daemon(settings, clock=scaled_clock(speed)) as daemon:
                 delivery = daemon.notifier.deliveries[0]
-                state = daemon.watchers[0].state
+                state = daemon.targets[0].state
                 wait_for(lambda: delivery.stats.retried >= 3, timeout=30)
                 scrapes = state.scrapes
                 wait_for(lambda: state.scrapes >= scrapes + 5, timeout=10)

@@ -28,7 +28,8 @@ from tenacity import wait_fixed
 
 from vllm_triage.config.schema import ReceiverSettings
 from vllm_triage.notify.delivery import Delivery, signature
-from vllm_triage.notify.receivers import Notification, build_receiver
+from vllm_triage.notify.receivers import build_receiver
+from vllm_triage.store import Notification
 
 #: How long a "hang" answer holds the request (released early when the receiver stops).
 HANG_S = 5.0

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from vllm_triage.assemble import build_scraped
 from vllm_triage.config.load import load_settings
 from vllm_triage.core.incidents import State
 from vllm_triage.core.parse import SnapshotParser
@@ -23,7 +24,7 @@ from vllm_triage.demo.offline import (
 from vllm_triage.demo.view import DemoTarget, render, status_lines
 from vllm_triage.errors import ConfigError
 from vllm_triage.simulator import get_scenario, record
-from vllm_triage.watcher import TargetWatcher
+from vllm_triage.target import Target
 
 #: The tour before issue 16: the card swapped under the server for its fault phases.
 CARD_SWAP = Path(__file__).parent / "fixtures" / "scenarios" / "tour-card-swap.yaml"
@@ -232,7 +233,7 @@ class TestLiveResult:
         assert ok, why
 
 
-def clearing_watcher() -> TargetWatcher:
+def clearing_watcher() -> Target:
     """The daemon's watcher fed the tour's scrapes until its first incident is resolving
     (the SLOs met again, not yet for ``resolve_after`` evaluations in a row)."""
     tour = get_scenario("tour")
@@ -240,9 +241,9 @@ def clearing_watcher() -> TargetWatcher:
         flags={"targets": [{"name": "tour", "url": "http://127.0.0.1:1/metrics"}]},
         base={"slo": dict(tour.slo)},
     )
-    watcher = TargetWatcher(
-        settings.targets[0], settings, client=httpx.AsyncClient(), notifier=None
-    )
+    watcher = build_scraped(
+        settings, settings.targets[0], client=httpx.AsyncClient(), notifier=None
+    ).target
     parser = SnapshotParser()
     for at, body in record(tour, start_at=START_AT, interval_s=5.0, duration_s=255.0):
         watcher.consume(parser.parse(body, at))

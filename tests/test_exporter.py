@@ -29,11 +29,11 @@ from vllm_triage.config.schema import ReceiverSettings
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.demo.offline import START_AT, scenario_facts
 from vllm_triage.notify.delivery import Delivery
-from vllm_triage.notify.receivers import Notification, build_receiver
-from vllm_triage.scrape.probe import ProbeStats
+from vllm_triage.notify.receivers import build_receiver
 from vllm_triage.serve.exporter import build_registry
 from vllm_triage.simulator import get_scenario, record
-from vllm_triage.state import TargetState, View
+from vllm_triage.state import ProbeStats, TargetState, View
+from vllm_triage.store import Notification
 
 P = "vllm_triage_"
 #: The state set's values: healthy, then the four causes.

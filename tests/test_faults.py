@@ -90,7 +90,7 @@ def test_a_bad_target_is_counted_logged_and_recovers(bad: dict[str, Any], reason
         structlog.testing.capture_logs() as logs,
         running_daemon(settings_for(url)) as daemon,
     ):
-        state = daemon.watchers[0].state
+        state = daemon.targets[0].state
         wait_for(lambda: state.failures[reason] >= 2, timeout=20)
         down = httpx.get(daemon.url + "/metrics", timeout=5).text
         # The target heals: same URL, a good answer.
@@ -108,13 +108,13 @@ def test_a_bad_target_is_counted_logged_and_recovers(bad: dict[str, Any], reason
 def test_a_refusing_target_recovers_when_it_comes_up() -> None:
     url = f"http://127.0.0.1:{refused_port()}/metrics"
     with running_daemon(settings_for(url)) as daemon:
-        state = daemon.watchers[0].state
+        state = daemon.targets[0].state
         wait_for(lambda: state.failures["connect"] >= 2, timeout=20)
         with simulated(get_scenario("healthy"), speed=1.0) as sim:
             # The simulator took another port: point the target at it, as a restarted
             # pod at a new address would be found again.
-            daemon.watchers[0].target = daemon.watchers[0].target.model_copy(
-                update={"url": metrics_url(sim)}
+            daemon.scrapers[0].parts = dataclasses.replace(
+                daemon.scrapers[0].parts, url=metrics_url(sim)
             )
             # Read while the simulator still serves: stopping it fails the next scrape.
             recovered = wait_for(lambda: state.up, timeout=20)
@@ -126,7 +126,7 @@ def test_a_50_mib_body_is_refused_without_being_read() -> None:
     cannot push 50 MiB through, so memory stays bounded by the limit."""
     answer = Answer(stream_bytes=50 * 2**20)
     with target(answer) as url, running_daemon(settings_for(url, interval_seconds=5.0)) as daemon:
-        state = daemon.watchers[0].state
+        state = daemon.targets[0].state
         wait_for(lambda: state.failures["too_large"] >= 1, timeout=30)
         sent = answer.sent
         answer.stream_bytes, answer.body = 0, GOOD
@@ -145,7 +145,7 @@ def _poison(body: bytes) -> bytes:
 def test_nan_inf_and_negative_values_are_left_out_and_counted() -> None:
     answer = Answer(sequence=[_poison(b) for b in bodies("kv_pressure", 30)])
     with target(answer) as url, running_daemon(settings_for(url)) as daemon:
-        state = daemon.watchers[0].state
+        state = daemon.targets[0].state
 
         def judged() -> bool:
             view = state.view
@@ -181,7 +181,7 @@ def test_a_counter_reset_never_gives_a_negative_rate() -> None:
     answer = Answer(sequence=before + after)
     seen: list[float] = []
     with target(answer) as url, running_daemon(settings_for(url)) as daemon:
-        state = daemon.watchers[0].state
+        state = daemon.targets[0].state
 
         def through() -> bool:
             if state.view is not None:
@@ -199,12 +199,12 @@ def test_the_naming_era_switching_mid_run_is_followed() -> None:
     answer = Answer(sequence=old + new)
     eras: set[str] = set()
     with target(answer) as url, running_daemon(settings_for(url)) as daemon:
-        state = daemon.watchers[0].state
-        parser = daemon.watchers[0].parser
+        state = daemon.targets[0].state
+        parser = daemon.scrapers[0].reader.parser
 
         def through() -> bool:
             if state.view is not None:
-                eras.add(daemon.watchers[0].evaluator.window.newest.era)  # type: ignore[union-attr]
+                eras.add(daemon.targets[0].evaluator.window.newest.era)  # type: ignore[union-attr]
             return answer.gets > 30
 
         wait_for(through, timeout=30, every=0.05)
@@ -225,7 +225,7 @@ def test_thousands_of_model_names_are_bounded_and_counted() -> None:
         structlog.testing.capture_logs() as logs,
         running_daemon(settings_for(url, max_models_per_target=50)) as daemon,
     ):
-        state = daemon.watchers[0].state
+        state = daemon.targets[0].state
         wait_for(lambda: state.models_dropped >= 2 * 4950, timeout=20)
         text = httpx.get(daemon.url + "/metrics", timeout=5).text
     assert len(state.view.evaluation.diagnoses) == 50
@@ -242,7 +242,7 @@ def test_missing_families_an_old_vllm_is_still_watched() -> None:
         b'vllm:num_requests_waiting{model_name="m"} 0\n'
     )
     with target(Answer(body=body)) as url, running_daemon(settings_for(url)) as daemon:
-        state = daemon.watchers[0].state
+        state = daemon.targets[0].state
         wait_for(lambda: state.view is not None and state.scrapes >= 3, timeout=20)
         api = httpx.get(daemon.url + "/api/v1/diagnoses", timeout=5).json()
     model = api["targets"][0]["models"][0]
@@ -288,7 +288,7 @@ def test_a_bad_receiver_is_retried_counted_and_catches_up(behaviour: Any) -> Non
                 delivery = daemon.notifier.deliveries[0]
                 wait_for(lambda: delivery.stats.retried >= 2, timeout=40)
                 # Scraping goes on while the receiver misbehaves: never blocked by it.
-                state = daemon.watchers[0].state
+                state = daemon.targets[0].state
                 scrapes = state.scrapes
                 wait_for(lambda: state.scrapes >= scrapes + 3, timeout=10)
                 text = httpx.get(daemon.url + "/metrics", timeout=5).text
@@ -340,7 +340,7 @@ def test_a_receiver_down_for_five_minutes_gets_everything_in_order() -> None:
             }
         )
         with running_daemon(settings) as daemon:
-            state, delivery = daemon.watchers[0].state, daemon.notifier.deliveries[0]
+            state, delivery = daemon.targets[0].state, daemon.notifier.deliveries[0]
             wait_for(lambda: state.transitions >= 2, timeout=290, every=1)
             wait_for(lambda: sim.live.t >= 300, timeout=120, every=1)
             assert delivery.pending == 2 and not rx.bodies()

@@ -21,7 +21,7 @@ import structlog.testing
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_triage.assemble import build_evaluator, build_rulebook
+from vllm_triage.assemble import build_evaluator, build_rulebook, build_scraped
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import TargetSettings
 from vllm_triage.core.diagnose import diagnose
@@ -34,7 +34,6 @@ from vllm_triage.serve.api import target_json
 from vllm_triage.serve.exporter import build_registry
 from vllm_triage.simulator import get_scenario, record
 from vllm_triage.simulator.scenario_files import scenario_names
-from vllm_triage.watcher import TargetWatcher
 
 from clirun import vllm_triage
 
@@ -287,7 +286,7 @@ def test_a_cause_change_in_the_exports_and_the_api() -> None:
     target = TargetSettings.model_validate(
         {"name": "chat", "url": "http://127.0.0.1:1/metrics", **scenario_facts(scenario)}
     )
-    watcher = TargetWatcher(target, settings, client=httpx.AsyncClient(), notifier=None)
+    watcher = build_scraped(settings, target, client=httpx.AsyncClient(), notifier=None).target
     parser = SnapshotParser()
     with structlog.testing.capture_logs() as logs:
         for at, body in record(scenario, start_at=START_AT, interval_s=INTERVAL, duration_s=600):

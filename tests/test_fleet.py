@@ -23,7 +23,12 @@ from urllib.parse import parse_qs
 import httpx
 import pytest
 
-from vllm_triage.assemble import build_rulebook
+from vllm_triage.assemble import (
+    build_fleet,
+    build_hardware_resolver,
+    build_notifier,
+    build_rulebook,
+)
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.matchers import parse_matchers
 from vllm_triage.config.schema import Settings
@@ -36,7 +41,6 @@ from vllm_triage.errors import ConfigError
 from vllm_triage.fleet.hardware import Card, HardwareResolver
 from vllm_triage.fleet.queries import QueryPlan, duration, names
 from vllm_triage.fleet.source import PrometheusSource, shard_of
-from vllm_triage.notify.notifier import Notifier
 from vllm_triage.simulator import get_scenario, record
 from vllm_triage.store import StateStore
 
@@ -264,8 +268,8 @@ def run_ticks(
 
     async def go() -> PrometheusSource:
         async with httpx.AsyncClient() as client:
-            notifier = Notifier(settings, client, "http://x", store) if store else None
-            source = PrometheusSource(
+            notifier = build_notifier(settings, client, "http://x", store) if store else None
+            source = build_fleet(
                 settings, client=client, notifier=notifier, clock=lambda: now[0], store=store
             )
             if fake is not None:
@@ -398,7 +402,7 @@ class TestShards:
 
 class TestHardware:
     def resolver(self, **extra: Any) -> HardwareResolver:
-        return HardwareResolver(fleet_settings("http://127.0.0.1:9", **extra))
+        return build_hardware_resolver(fleet_settings("http://127.0.0.1:9", **extra))
 
     def test_dcgm_card_and_gpu_count(self) -> None:
         r = self.resolver(models={MODEL: LLAMA_8B})
@@ -508,16 +512,16 @@ class TestTicks:
             source = run_ticks(
                 settings, warm(fake, [NOW - 4 * STEP + STEP * i for i in range(5)]), fake=fake
             )
-        assert set(source.watchers) == {"vllm/a:8000", "vllm/b:8000", "vllm/c:8000"}
+        assert set(source.targets) == {"vllm/a:8000", "vllm/b:8000", "vllm/c:8000"}
         rulebook = build_rulebook(settings)
         for instance, scenario in fake.servers.items():
-            view = source.watchers[f"vllm/{instance}"].state.view
+            view = source.targets[f"vllm/{instance}"].state.view
             assert view is not None
             sidecar = without_progress(window_at(scenario, NOW).signals(MODEL))
             assert view.evaluation.signals[MODEL] == sidecar
             assert view.evaluation.diagnoses[MODEL].cause == diagnose(sidecar, rulebook).cause
         causes = {
-            n: [a.cause for a in w.evaluator.incidents.active()] for n, w in source.watchers.items()
+            n: [a.cause for a in w.evaluator.incidents.active()] for n, w in source.targets.items()
         }
         assert causes == {
             "vllm/a:8000": ["kv_pressure"],
@@ -546,7 +550,7 @@ class TestTicks:
         with query_api(fake) as url:
             settings = fleet_settings(url, models={MODEL: LLAMA_8B})
             source = run_ticks(settings, warm(fake, [NOW - STEP, NOW]), fake=fake)
-        a, b = (source.watchers[f"vllm/{x}:8000"].state for x in "ab")
+        a, b = (source.targets[f"vllm/{x}:8000"].state for x in "ab")
         assert a.ceiling is not None and b.ceiling is not None
         assert (a.ceiling.gpu, b.ceiling.gpu) == ("NVIDIA L40S", "2x NVIDIA H100 SXM")
         for st, dram, source_text in ((a, 0.72, "NVIDIA L40S"), (b, 0.31, "NVIDIA H100")):
@@ -568,7 +572,7 @@ class TestTicks:
                 )
                 for k in (0, 1)
             ]
-        first, second = (set(s.watchers) for s in shards)
+        first, second = (set(s.targets) for s in shards)
         assert first and second and not first & second
         assert first | second == {f"vllm/s{i}:8000" for i in range(12)}
         assert all(s.seen == 12 for s in shards)
@@ -591,7 +595,7 @@ class TestTicks:
         with query_api(fake) as url:
             source = run_ticks(fleet_settings(url), [NOW, NOW + STEP])
         api = source.api.state
-        assert not api.up and api.failures[reason] == 2 and not source.watchers
+        assert not api.up and api.failures[reason] == 2 and not source.targets
 
     def test_without_the_names_api_every_naming_is_asked_for(self) -> None:
         fake = Fake()
@@ -600,7 +604,7 @@ class TestTicks:
             source = run_ticks(fleet_settings(url), warm(fake, [NOW]), fake=fake)
         assert source.present is None
         assert any(" or on " in q.promql for q in source.queries)
-        st = source.watchers["vllm/a:8000"].state
+        st = source.targets["vllm/a:8000"].state
         assert st.view is not None
         want = without_progress(window_at("queue_bound", NOW).signals(MODEL))
         assert st.view.evaluation.signals[MODEL] == want
@@ -627,7 +631,7 @@ class TestTicks:
         fake.answer = with_nan
         with query_api(fake) as url:
             source = run_ticks(fleet_settings(url), warm(fake, [NOW]), fake=fake)
-        st = source.watchers["vllm/a:8000"].state
+        st = source.targets["vllm/a:8000"].state
         assert st.series_problems == 1 and st.view is not None
         assert st.view.evaluation.signals[MODEL].waiting_mean is None
 
@@ -640,7 +644,7 @@ class TestTicks:
             async def go() -> PrometheusSource:
                 times = iter(warm(fake, [NOW - 100, NOW - 95, NOW - 95]))
                 async with httpx.AsyncClient() as client:
-                    source = PrometheusSource(
+                    source = build_fleet(
                         settings, client=client, notifier=None, clock=lambda: next(times)
                     )
                     fake.learn(source.plan)
@@ -651,7 +655,7 @@ class TestTicks:
                 return source
 
             source = asyncio.run(go())
-        state = source.watchers["vllm/a:8000"].state
+        state = source.targets["vllm/a:8000"].state
         assert not state.up and state.failures["absent"] == 1
         assert len([f for f in fake.seen if "names" in f]) == 2
 
@@ -677,7 +681,7 @@ class TestTicks:
             source = run_ticks(half, warm(fake, [NOW + STEP]), fake=fake, store=store)
             mine = {n for n in before if shard_of(n, 2) == 0}
             assert 0 < len(mine) < 6
-            assert set(source.watchers) == mine
+            assert set(source.targets) == mine
             assert store.restored.incidents == {}
             store.close()
         store = StateStore.open(tmp_path)

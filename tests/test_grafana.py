@@ -36,10 +36,9 @@ from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.demo.offline import START_AT, scenario_facts
 from vllm_triage.notify.delivery import Delivery
 from vllm_triage.notify.receivers import build_receiver
-from vllm_triage.scrape.probe import ProbeStats
 from vllm_triage.serve.exporter import build_registry
 from vllm_triage.simulator import get_scenario, record
-from vllm_triage.state import TargetState, View
+from vllm_triage.state import ProbeStats, TargetState, View
 
 ROOT = Path(__file__).resolve().parents[1]
 GRAFANA = ROOT / "deploy" / "grafana"

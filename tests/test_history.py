@@ -11,9 +11,10 @@ from vllm_triage.config.load import load_settings
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.model import Diagnosis, Signals
 from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.core.series import Ring
 from vllm_triage.page.spec import load_spec
-from vllm_triage.serve.history import History, Ring
 from vllm_triage.simulator import get_scenario, record
+from vllm_triage.state import History
 
 RULES = build_rulebook(load_settings())
 KEYS = ("requests_running_mean", "requests_waiting_mean")

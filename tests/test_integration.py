@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from vllm_triage.assemble import build_rulebook
+from vllm_triage.assemble import build_fleet, build_rulebook
 from vllm_triage.config.load import load_settings
 from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.names import SAMPLES
@@ -267,10 +267,10 @@ def one_tick(settings: Any) -> set[str]:
 
     async def go() -> set[str]:
         async with httpx.AsyncClient() as client:
-            source = PrometheusSource(settings, client=client, notifier=None)
+            source = build_fleet(settings, client=client, notifier=None)
             await source.tick()
             assert source.api.state.up, source.api.state.last_error
-            return {n for n, w in source.watchers.items() if w.state.view is not None}
+            return {n for n, w in source.targets.items() if w.state.view is not None}
 
     return asyncio.run(go())
 
@@ -389,7 +389,7 @@ def test_fleet_signals_equal_the_sidecars_on_a_recording(tmp_path: Path) -> None
 
     async def judged() -> PrometheusSource:
         async with httpx.AsyncClient() as client:
-            source = PrometheusSource(settings, client=client, notifier=None, clock=lambda: end)
+            source = build_fleet(settings, client=client, notifier=None, clock=lambda: end)
             await source.tick()
             return source
 
@@ -404,7 +404,7 @@ def test_fleet_signals_equal_the_sidecars_on_a_recording(tmp_path: Path) -> None
         for at, body in scrapes:
             w.push(parse_snapshot(body, at))
         want = w.signals(MODEL)
-        view = source.watchers[f"vllm/{instance}"].state.view
+        view = source.targets[f"vllm/{instance}"].state.view
         assert view is not None
         got = view.evaluation.signals[MODEL]
         compared.update(f for f in COMPARED if getattr(want, f) is not None)

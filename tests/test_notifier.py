@@ -15,12 +15,12 @@ from typing import Any
 import httpx
 import pytest
 
+from vllm_triage.assemble import build_notifier
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import Settings
 from vllm_triage.core.alerts import GO_ZERO_TIME, fingerprint, go_time
 from vllm_triage.core.model import Cause, Diagnosis, Reason, Transition
 from vllm_triage.notify.delivery import Delivery
-from vllm_triage.notify.notifier import Notifier
 from vllm_triage.notify.receivers import VALID_FOR_RESENDS
 
 EXTERNAL = "http://triage.example:9468"
@@ -79,7 +79,7 @@ def paths(d: Delivery) -> list[str]:
 
 class TestWebhook:
     def test_firing_then_resolved_in_order(self, client: httpx.AsyncClient) -> None:
-        n = Notifier(settings(webhook(name="pager")), client, EXTERNAL)
+        n = build_notifier(settings(webhook(name="pager")), client, EXTERNAL)
         n.notify(TARGET, [fire()], now=T0)
         n.notify(TARGET, [resolve()], now=T0 + 300)
         (d,) = n.deliveries
@@ -102,7 +102,7 @@ class TestWebhook:
 
     def test_resolved_keeps_the_firing_annotations(self, client: httpx.AsyncClient) -> None:
         """The resolving diagnosis is empty; the resolved alert still says what it was."""
-        n = Notifier(settings(webhook()), client, EXTERNAL)
+        n = build_notifier(settings(webhook()), client, EXTERNAL)
         n.notify(TARGET, [fire()], now=T0)
         n.notify(TARGET, [resolve()], now=T0 + 300)
         first, second = queued(n.deliveries[0])
@@ -112,7 +112,7 @@ class TestWebhook:
         assert notes["remediation"] == "- fix kv_pressure"
 
     def test_cause_changed_resolves_then_fires(self, client: httpx.AsyncClient) -> None:
-        n = Notifier(settings(webhook()), client, EXTERNAL)
+        n = build_notifier(settings(webhook()), client, EXTERNAL)
         n.notify(TARGET, [fire("queue_bound")], now=T0)
         later = T0 + 60
         changed = [
@@ -151,7 +151,7 @@ class TestWebhook:
         """Inside one episode (core.incidents) a change of cause keeps the alert's labels,
         fingerprint and start; the receiver hears it now (not at the next repeat) with the
         cause now, what it changed from and why; the resolve names the cause at the end."""
-        n = Notifier(settings(webhook()), client, EXTERNAL)
+        n = build_notifier(settings(webhook()), client, EXTERNAL)
         n.notify(TARGET, [fire("prefill_bound")], now=T0)
         later = T0 + 120
         change = Transition(
@@ -189,7 +189,7 @@ class TestWebhook:
         assert n.active == {}
 
     def test_send_resolved_false_skips_resolved(self, client: httpx.AsyncClient) -> None:
-        n = Notifier(
+        n = build_notifier(
             settings(webhook(name="quiet", send_resolved=False), webhook(name="all")),
             client,
             EXTERNAL,
@@ -201,7 +201,7 @@ class TestWebhook:
         assert [b["status"] for b in queued(everything)] == ["firing", "resolved"]
 
     def test_every_receiver_gets_its_own_queue(self, client: httpx.AsyncClient) -> None:
-        n = Notifier(settings(webhook(), webhook(name="b"), webhook()), client, EXTERNAL)
+        n = build_notifier(settings(webhook(), webhook(name="b"), webhook()), client, EXTERNAL)
         assert [d.name for d in n.deliveries] == [
             "alertmanager_webhook-0",
             "b",
@@ -212,7 +212,7 @@ class TestWebhook:
 
     def test_repeat_interval(self, client: httpx.AsyncClient) -> None:
         """A long incident is notified again on tick only once repeat_interval has passed."""
-        n = Notifier(settings(webhook(repeat_interval_seconds=600)), client, EXTERNAL)
+        n = build_notifier(settings(webhook(repeat_interval_seconds=600)), client, EXTERNAL)
         (d,) = n.deliveries
         n.notify(TARGET, [fire()], now=T0)
         n.tick(T0 + 1)
@@ -230,7 +230,7 @@ class TestWebhook:
         assert bodies[2]["alerts"][0]["startsAt"] == go_time(T0)
 
     def test_no_repeat_after_resolve(self, client: httpx.AsyncClient) -> None:
-        n = Notifier(settings(webhook(repeat_interval_seconds=600)), client, EXTERNAL)
+        n = build_notifier(settings(webhook(repeat_interval_seconds=600)), client, EXTERNAL)
         (d,) = n.deliveries
         n.notify(TARGET, [fire()], now=T0)
         n.notify(TARGET, [resolve(at=T0 + 100)], now=T0 + 100)
@@ -239,7 +239,7 @@ class TestWebhook:
 
     def test_repeats_are_per_alert(self, client: httpx.AsyncClient) -> None:
         """Two incidents opened at different times repeat on their own schedules."""
-        n = Notifier(settings(webhook(repeat_interval_seconds=600)), client, EXTERNAL)
+        n = build_notifier(settings(webhook(repeat_interval_seconds=600)), client, EXTERNAL)
         (d,) = n.deliveries
         n.notify(TARGET, [fire("kv_pressure", model="a")], now=T0)
         n.notify(TARGET, [fire("decode_bound", T0 + 300, model="b")], now=T0 + 300)
@@ -256,7 +256,7 @@ class TestAlertmanager:
         return {"type": "alertmanager", "url": "http://127.0.0.1:9093", "resend_seconds": 60, **kw}
 
     def test_posts_postable_alerts(self, client: httpx.AsyncClient) -> None:
-        n = Notifier(settings(self.alertmanager()), client, EXTERNAL)
+        n = build_notifier(settings(self.alertmanager()), client, EXTERNAL)
         (d,) = n.deliveries
         n.notify(TARGET, [fire()], now=T0 + 5)
         assert paths(d) == ["/api/v2/alerts"]
@@ -269,7 +269,7 @@ class TestAlertmanager:
 
     def test_resends_all_active_alerts(self, client: httpx.AsyncClient) -> None:
         """Every resend_seconds, every active alert again; after resolve, no more."""
-        n = Notifier(settings(self.alertmanager()), client, EXTERNAL)
+        n = build_notifier(settings(self.alertmanager()), client, EXTERNAL)
         (d,) = n.deliveries
         n.notify(TARGET, [fire("kv_pressure", model="a")], now=T0)
         n.notify(TARGET, [fire("decode_bound", model="b")], now=T0 + 10)
@@ -298,7 +298,7 @@ class TestAlertmanager:
         assert set(paths(d)) == {"/api/v2/alerts"}
 
     def test_no_resend_while_nothing_fires(self, client: httpx.AsyncClient) -> None:
-        n = Notifier(settings(self.alertmanager()), client, EXTERNAL)
+        n = build_notifier(settings(self.alertmanager()), client, EXTERNAL)
         n.tick(T0)
         n.tick(T0 + 3600)
         assert len(n.deliveries[0]._queue) == 0
@@ -307,7 +307,7 @@ class TestAlertmanager:
 class TestSlack:
     def test_body_is_text_only(self, client: httpx.AsyncClient) -> None:
         slack = {"type": "slack", "url": "https://hooks.slack.example/services/T/B/x"}
-        n = Notifier(settings(slack), client, EXTERNAL)
+        n = build_notifier(settings(slack), client, EXTERNAL)
         n.notify(TARGET, [fire()], now=T0)
         n.notify(TARGET, [resolve()], now=T0 + 300)
         (d,) = n.deliveries

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from vllm_triage.config.auth import auth_headers
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import ProbeSettings, TargetSettings
 from vllm_triage.scrape.probe import Prober, completions_url
@@ -102,7 +103,15 @@ def probe_once(prober: Prober) -> None:
 
 
 def prober(t: TargetSettings, clock: Clock, model: str | None = "tiny-llama") -> Prober:
-    return Prober(t, client=httpx.AsyncClient(), model=lambda: model, clock=clock)
+    return Prober(
+        t.name,
+        t.probe,
+        url=completions_url(t.url, t.probe.url),
+        headers=auth_headers(t),
+        client=httpx.AsyncClient(),
+        model=lambda: model,
+        clock=clock,
+    )
 
 
 class TestProbe:
@@ -179,13 +188,13 @@ class TestProbe:
 
     def test_where_it_goes(self) -> None:
         t = TargetSettings(name="t", url="https://u:p@vllm.internal:8443/prefix/metrics?x=1")
-        assert completions_url(t) == "https://u:p@vllm.internal:8443/v1/completions"
+        assert completions_url(t.url) == "https://u:p@vllm.internal:8443/v1/completions"
         own = TargetSettings(
             name="t",
             url="http://a:1/metrics",
             probe=ProbeSettings(url="http://b:2/openai/v1/completions", model="m"),
         )
-        assert completions_url(own) == "http://b:2/openai/v1/completions"
+        assert completions_url(own.url, own.probe.url) == "http://b:2/openai/v1/completions"
 
     def test_off_unless_enabled(self) -> None:
         assert TargetSettings(name="t", url="http://a:1/metrics").probe.enabled is False
@@ -210,7 +219,7 @@ class TestThroughTheDaemon:
                 "    probe: {enabled: true, interval_seconds: 0.2, timeout_seconds: 0.5}\n"
             )
             with running_daemon(load_settings(cfg)) as daemon:
-                [w] = daemon.watchers
+                [w] = daemon.targets
 
                 def stalled() -> bool:
                     return any(t.cause == "stalled" and t.event == "firing" for t in w.state.recent)

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from vllm_triage.assemble import build_evaluator
+from vllm_triage.assemble import build_evaluator, report_parts
 from vllm_triage.config.load import load_settings
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.recording.files import recording_files
 from vllm_triage.recording.replay import replay
+from vllm_triage.recording.report import report_document
 from vllm_triage.recording.reportfile import write_report
-from vllm_triage.serve.pagedata import report_document
 from vllm_triage.simulator import get_scenario, record
 
 from clirun import vllm_triage
@@ -57,7 +57,9 @@ def simulated_recording(folder: Path, scenario: str, duration_s: float) -> Path:
 def test_every_committed_recording_reports_what_replay_finds(name: str, tmp_path: Path) -> None:
     """The incidents, their bands and the transition markers are exactly replay's; the
     header says the vLLM build (from the recording's notes) and the scrape interval."""
-    out = write_report(RECORDINGS / name, load_settings(CONFIG), tmp_path / "r.html", now=NOW)
+    out = write_report(
+        RECORDINGS / name, report_parts(load_settings(CONFIG)), tmp_path / "r.html", now=NOW
+    )
     doc = inline_document(out.path)
     (section,) = doc["sections"]
     transitions = [(t["event"], t["cause"], t["at"]) for t in section["transitions"]]
@@ -89,7 +91,7 @@ def test_every_committed_recording_reports_what_replay_finds(name: str, tmp_path
 
 
 def test_an_incident_header_says_what_why_and_what_to_change(tmp_path: Path) -> None:
-    doc = report_document(RECORDINGS / "kv", load_settings(CONFIG), now=NOW)
+    doc = report_document(RECORDINGS / "kv", report_parts(load_settings(CONFIG)), now=NOW)
     (incident,) = doc["sections"][0]["incidents"]
     assert incident["cause"] == "kv_pressure"
     assert incident["summary"].startswith("KV cache ran out")
@@ -107,7 +109,9 @@ def test_a_tour_with_a_changed_cause_and_unknown_values(tmp_path: Path) -> None:
     change ends one incident where the next begins; without hardware settings the decode
     panel has no ceiling and says so with nulls, never zeros."""
     rec = simulated_recording(tmp_path / "tour", "tour", 900)
-    doc = report_document(rec, load_settings(flags={"slo": get_scenario("tour").slo}), now=NOW)
+    doc = report_document(
+        rec, report_parts(load_settings(flags={"slo": get_scenario("tour").slo})), now=NOW
+    )
     (section,) = doc["sections"]
     causes = {i["cause"] for i in section["incidents"]}
     assert causes >= {"prefill_bound", "decode_bound", "queue_bound", "kv_pressure"}
@@ -121,7 +125,7 @@ def test_a_tour_with_a_changed_cause_and_unknown_values(tmp_path: Path) -> None:
 def test_unusable_files_are_listed_and_the_rest_reported(tmp_path: Path) -> None:
     rec = simulated_recording(tmp_path / "rec", "kv_pressure", 120)
     (rec / "1767225702500.prom").write_bytes(b"\x00\xffnot metrics")
-    doc = report_document(rec, load_settings(), now=NOW)
+    doc = report_document(rec, report_parts(load_settings()), now=NOW)
     assert doc["skipped"] and doc["skipped"][0][0] == "1767225702500.prom"
     assert doc["sections"][0]["evaluations"] == 25
 
@@ -130,7 +134,7 @@ def test_a_recording_of_garbage_only(tmp_path: Path) -> None:
     rec = tmp_path / "rec"
     rec.mkdir()
     (rec / "1767225700000.prom").write_text("<html>not metrics</html>")
-    doc = report_document(rec, load_settings(), now=NOW)
+    doc = report_document(rec, report_parts(load_settings()), now=NOW)
     assert doc["sections"] == [] and "could be evaluated" in doc["empty"]
 
 
@@ -184,6 +188,6 @@ def test_thousands_of_unusable_files_are_counted_not_all_listed(tmp_path: Path) 
     rec = simulated_recording(tmp_path / "rec", "healthy", 60)
     for i in range(60):
         (rec / f"{1767225600000 + 1 + i}.prom").write_text("garbage")
-    out = write_report(rec, load_settings(), tmp_path / "r.html", now=NOW)
+    out = write_report(rec, report_parts(load_settings()), tmp_path / "r.html", now=NOW)
     doc = inline_document(out.path)
     assert len(doc["skipped"]) == 50 and doc["skipped_count"] == 60 and out.skipped == 60

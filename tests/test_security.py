@@ -87,7 +87,7 @@ def test_no_secret_reaches_logs_endpoints_or_errors() -> None:
             ):
                 seen.append(httpx.get(daemon.url + path, timeout=5).text)
             seen.extend(d.stats.last_error for d in daemon.notifier.deliveries)
-            seen.extend(w.state.last_error for w in daemon.watchers)
+            seen.extend(w.state.last_error for w in daemon.targets)
     seen.append(json.dumps(logs, default=str))
     assert any(e["event"] == "notification_failed" for e in logs)  # the error paths ran
     assert any(e["event"] == "scrape_failed" for e in logs)

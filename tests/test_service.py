@@ -49,7 +49,7 @@ class TestScheduling:
                 ("slow", slow), ("fast", metrics_url(sim)), scrape_timeout_seconds=1.5
             )
             with running_daemon(settings) as daemon:
-                slow_state, fast_state = (w.state for w in daemon.watchers)
+                slow_state, fast_state = (w.state for w in daemon.targets)
                 time.sleep(3.0)
                 skipped = slow_state.skipped_ticks
                 fast_scrapes = fast_state.scrapes
@@ -73,7 +73,7 @@ class TestFailures:
         ):
             settings = settings_for(("err", err), ("junk", junk), ("dead", dead))
             with running_daemon(settings) as daemon:
-                states = {w.state.name: w.state for w in daemon.watchers}
+                states = {w.state.name: w.state for w in daemon.targets}
                 wait_for(lambda: all(s.scrapes >= 4 for s in states.values()), timeout=15)
                 assert daemon.ready
                 ready = httpx.get(daemon.url + "/readyz", timeout=5).status_code
@@ -97,7 +97,7 @@ class TestFailures:
             structlog.testing.capture_logs() as logs,
             running_daemon(settings_for(("t", url))) as daemon,
         ):
-            state = daemon.watchers[0].state
+            state = daemon.targets[0].state
             wait_for(lambda: state.failures["http_status"] >= 2, timeout=10)
             answer.status, answer.body = 200, good
             wait_for(lambda: state.up, timeout=10)
@@ -110,6 +110,6 @@ class TestFailures:
         with target(body=big * 64) as huge:
             settings = settings_for(("huge", huge), max_body_bytes=65536)
             with running_daemon(settings) as daemon:
-                state = daemon.watchers[0].state
+                state = daemon.targets[0].state
                 wait_for(lambda: state.failures["too_large"] >= 2, timeout=10)
         assert "larger than 65536 bytes" in state.last_error

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from vllm_triage.assemble import receiver_name
 from vllm_triage.ceiling.sizing import read_config_json
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import ReceiverSettings, Settings, TargetSettings
@@ -104,7 +105,7 @@ class TestLayers:
         )
         s = load_settings()
         assert [r.type for r in s.receivers] == ["slack"]
-        assert s.receiver_name(0) == "slack-0"
+        assert receiver_name(s, 0) == "slack-0"
 
     def test_alerting_from_env_nested(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("VLLM_TRIAGE_ALERTING__SEVERITY", "critical")

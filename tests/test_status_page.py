@@ -11,31 +11,32 @@ from typing import Any
 import httpx
 import pytest
 
+from vllm_triage.assemble import build_scraped
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import TargetSettings
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.serve.exporter import build_registry
 from vllm_triage.serve.listener import HttpServer
-from vllm_triage.serve.pagedata import live_document
 from vllm_triage.serve.routes import Endpoints
+from vllm_triage.serve.status import live_document
 from vllm_triage.simulator import get_scenario, record
 from vllm_triage.state import TargetState
-from vllm_triage.watcher import TargetWatcher
+from vllm_triage.target import Target
 
 START = 1_767_225_600.0
 SECRET_URL = "http://watcher:S3CRET-pw@127.0.0.1:1/metrics?token=S3CRET-query"
 
 
-def watched(scenario: str, name: str, url: str, duration_s: float) -> TargetWatcher:
+def watched(scenario: str, name: str, url: str, duration_s: float) -> Target:
     """A real watcher, fed the simulated scenario's scrapes as ``scrape`` would feed it."""
     settings = load_settings(flags={"interval_seconds": 5.0})
-    w = TargetWatcher(
-        TargetSettings(name=name, url=url),
+    w = build_scraped(
         settings,
+        TargetSettings(name=name, url=url),
         client=httpx.AsyncClient(),
         notifier=None,
         clock=lambda: START,
-    )
+    ).target
     parser = SnapshotParser()
     for at, body in record(
         get_scenario(scenario), start_at=START, interval_s=5.0, duration_s=duration_s
@@ -46,11 +47,11 @@ def watched(scenario: str, name: str, url: str, duration_s: float) -> TargetWatc
 
 
 @pytest.fixture(scope="module")
-def kv() -> TargetWatcher:
+def kv() -> Target:
     return watched("kv_pressure", "kv", SECRET_URL, 300)
 
 
-def test_a_section_per_target_and_model_with_its_last_hour(kv: TargetWatcher) -> None:
+def test_a_section_per_target_and_model_with_its_last_hour(kv: Target) -> None:
     now = START + 300
     doc = live_document([kv.state], now=now)
     assert doc["mode"] == "live" and doc["range"] == [now - 3600, now]
@@ -62,7 +63,7 @@ def test_a_section_per_target_and_model_with_its_last_hour(kv: TargetWatcher) ->
     assert [link[0] for link in doc["links"]][:2] == ["/metrics", "/api/v1/diagnoses"]
 
 
-def test_the_open_incident_and_the_state_now(kv: TargetWatcher) -> None:
+def test_the_open_incident_and_the_state_now(kv: Target) -> None:
     doc = live_document([kv.state], now=START + 300)
     (section,) = doc["sections"]
     assert section["firing"] is True
@@ -73,7 +74,7 @@ def test_the_open_incident_and_the_state_now(kv: TargetWatcher) -> None:
     assert any(t["event"] == "firing" for t in section["transitions"])
 
 
-def test_only_the_last_hour(kv: TargetWatcher) -> None:
+def test_only_the_last_hour(kv: Target) -> None:
     """An hour later, only the points of the last hour are sent (the ring may hold more)."""
     now = START + 3600 + 200
     (section,) = live_document([kv.state], now=now)["sections"]
@@ -81,7 +82,7 @@ def test_only_the_last_hour(kv: TargetWatcher) -> None:
     assert section["evaluations"] == 21
 
 
-def test_a_long_incident_whose_firing_was_forgotten_still_shows(kv: TargetWatcher) -> None:
+def test_a_long_incident_whose_firing_was_forgotten_still_shows(kv: Target) -> None:
     kept = list(kv.state.recent)
     kv.state.recent.clear()
     try:
@@ -93,7 +94,7 @@ def test_a_long_incident_whose_firing_was_forgotten_still_shows(kv: TargetWatche
     assert incident["opened_because"] is None
 
 
-def test_no_credentials_or_query_from_a_target_url(kv: TargetWatcher) -> None:
+def test_no_credentials_or_query_from_a_target_url(kv: Target) -> None:
     text = json.dumps(live_document([kv.state], now=START + 300))
     assert "S3CRET" not in text
     assert "http://127.0.0.1:1/metrics" in text
@@ -107,7 +108,7 @@ def test_a_target_not_scraped_yet() -> None:
 
 
 @pytest.fixture(scope="module")
-def api(kv: TargetWatcher) -> Iterator[httpx.Client]:
+def api(kv: Target) -> Iterator[httpx.Client]:
     targets = [kv.state, watched("healthy", "calm", "http://127.0.0.1:2/metrics", 120).state]
     endpoints = Endpoints(
         build_registry(lambda: targets, list),

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
+from vllm_triage.assemble import build_daemon, build_notifier
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import Settings
 from vllm_triage.core.alerts import Alert
@@ -27,12 +28,11 @@ from vllm_triage.core.dedup import LastSent
 from vllm_triage.core.incidents import State, TrackRecord
 from vllm_triage.core.model import Diagnosis, Reason, Transition
 from vllm_triage.notify.delivery import Delivery
-from vllm_triage.notify.notifier import Notifier
-from vllm_triage.notify.receivers import Notification, build_receiver
-from vllm_triage.service import Daemon
+from vllm_triage.notify.receivers import build_receiver
 from vllm_triage.store import (
     FILE_NAME,
     SCHEMA_VERSION,
+    Notification,
     StateStore,
     alert_from_json,
     alert_to_json,
@@ -325,13 +325,13 @@ class TestNotifierAndDelivery:
         self, tmp_path: Path, client: httpx.AsyncClient
     ) -> None:
         store = opened(tmp_path)
-        first = Notifier(settings(), client, EXTERNAL, store)
+        first = build_notifier(settings(), client, EXTERNAL, store)
         first.notify("gpu-0", [fire()], now=T0)
         (told,) = bodies(first.deliveries[0])
         store.close()  # a kill: nothing more happens in this process
 
         store = opened(tmp_path)
-        second = Notifier(settings(), client, EXTERNAL, store)
+        second = build_notifier(settings(), client, EXTERNAL, store)
         # The firing was never delivered: it is queued again, before anything new.
         assert bodies(second.deliveries[0]) == [told]
         second.notify("gpu-0", [resolve()], now=T0 + 300)
@@ -349,10 +349,10 @@ class TestNotifierAndDelivery:
     ) -> None:
         store = opened(tmp_path)
         s = settings(repeat_interval_seconds=600)
-        Notifier(s, client, EXTERNAL, store).notify("gpu-0", [fire()], now=T0)
+        build_notifier(s, client, EXTERNAL, store).notify("gpu-0", [fire()], now=T0)
         store.close()
         store = opened(tmp_path)
-        again = Notifier(s, client, EXTERNAL, store)
+        again = build_notifier(s, client, EXTERNAL, store)
         d = again.deliveries[0]
         assert len(bodies(d)) == 1  # the undelivered firing
         again.tick(T0 + 599)
@@ -365,14 +365,14 @@ class TestNotifierAndDelivery:
         self, tmp_path: Path, client: httpx.AsyncClient
     ) -> None:
         store = opened(tmp_path)
-        Notifier(settings(), client, EXTERNAL, store).notify("gpu-0", [fire()], now=T0)
+        build_notifier(settings(), client, EXTERNAL, store).notify("gpu-0", [fire()], now=T0)
         store.close()
         store = opened(tmp_path)
         other = load_settings(
             flags={"receivers": [{"type": "slack", "url": "http://127.0.0.1:9/s", "name": "s"}]}
         )
         with capture_logs() as logs:
-            n = Notifier(other, client, EXTERNAL, store)
+            n = build_notifier(other, client, EXTERNAL, store)
         assert [e["receiver"] for e in logs if e["event"] == "receiver_gone"] == ["pager"]
         assert n.log == {} and bodies(n.deliveries[0]) == []
         store.close()
@@ -439,7 +439,7 @@ class TestWhere:
                 "targets": [{"name": "t", "url": "http://127.0.0.1:9/m"}],
             }
         )
-        daemon = Daemon(settings, default_state_dir=default_state_dir())
+        daemon = build_daemon(settings, default_state_dir=default_state_dir())
         try:
             assert daemon.store is not None
             assert daemon.store.path == own_state_home / "vllm-triage" / FILE_NAME

@@ -119,10 +119,10 @@ def check(
 
     from vllm_triage.assemble import build_rulebook
     from vllm_triage.config.load import load_settings
+    from vllm_triage.core.drive import Driver, Unusable
     from vllm_triage.core.evaluate import Evaluator
-    from vllm_triage.core.parse import SnapshotParser
     from vllm_triage.core.report import diagnosis_dict
-    from vllm_triage.errors import ParseError, ScrapeError
+    from vllm_triage.errors import ScrapeError
     from vllm_triage.net.fetch import DEFAULT_MAX_BODY_BYTES, fetch, not_metrics_hint
     from vllm_triage.net.redact import safe_url
 
@@ -132,7 +132,7 @@ def check(
     evaluator = Evaluator(
         build_rulebook(settings), window_seconds=window * 2 + timeout, open_after=1
     )
-    parser = SnapshotParser()
+    driver = Driver(evaluator)
     errors: Counter[str] = Counter()
     last: Evaluation | None = None
     ok = 0
@@ -146,15 +146,15 @@ def check(
         at = clock()
         try:
             body = fetch(client, url, timeout=timeout, max_body_bytes=DEFAULT_MAX_BODY_BYTES)
-            evaluation = evaluator.step(parser.parse_bytes(body, at))
         except ScrapeError as exc:
             errors[str(exc)[:500]] += 1
             return exc.reason
-        except ParseError as exc:
-            errors[not_metrics_hint(url, exc)[:500]] += 1
+        fed = driver.feed(body, at)
+        if isinstance(fed, Unusable):
+            errors[not_metrics_hint(url, fed.error)[:500]] += 1
             return "parse"
         ok += 1
-        last = evaluation
+        last = fed.evaluation
         return ""
 
     with httpx.Client(follow_redirects=False) as client:

@@ -33,11 +33,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_triage.assemble import report_parts
     from vllm_triage.config.load import load_settings
     from vllm_triage.recording.reportfile import write_report
 
+    parts = report_parts(load_settings(args.config))
     try:
-        written = write_report(args.directory, load_settings(args.config), args.out)
+        written = write_report(args.directory, parts, args.out)
     except OSError as exc:
         print(
             f"vllm-triage report: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr

@@ -95,9 +95,9 @@ def flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_triage.assemble import build_daemon
     from vllm_triage.config.load import load_settings
     from vllm_triage.errors import ConfigError
-    from vllm_triage.service import Daemon
     from vllm_triage.store import default_state_dir
 
     settings = load_settings(args.config, flags(args))
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             "`source: prometheus` with a `prometheus: {url: ...}` section (fleet mode)"
         )
     try:
-        daemon = Daemon(settings, default_state_dir=default_state_dir())
+        daemon = build_daemon(settings, default_state_dir=default_state_dir())
     except OSError as exc:
         raise ConfigError(f"listen: cannot listen on {settings.listen}: {exc}") from None
     asyncio.run(daemon.run(handle_signals=True))

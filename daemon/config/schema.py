@@ -475,10 +475,6 @@ class Settings(BaseSettings):
             return auto
         return Path(self.state_dir).expanduser()
 
-    def receiver_name(self, index: int) -> str:
-        r = self.receivers[index]
-        return r.name or f"{r.type}-{index}"
-
     def for_target(self, target: TargetSettings) -> Settings:
         """These settings with the target's own hardware and model, where it gives them."""
         update: dict[str, Any] = {}

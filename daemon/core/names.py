@@ -26,6 +26,7 @@ Where both an old and a new name are present, the new one wins (``NEW`` below).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -112,3 +113,18 @@ def _build() -> dict[str, tuple[str, Spec]]:
 
 #: Exposed sample name -> (prefix, spec). Read-only after import.
 SAMPLES: dict[str, tuple[str, Spec]] = _build()
+
+
+#: An exported label value is at most this long: a target can name its model anything
+#: (the parser allows ``max_label_value_length``), and every model is in dozens of series.
+MAX_LABEL_VALUE_CHARS = 128
+_HASH_CHARS = 10
+
+
+def label_value(value: str) -> str:
+    """``value``, or, if longer than ``MAX_LABEL_VALUE_CHARS``, its beginning and a short
+    hash of the whole (``...~1a2b3c4d5e``), so that distinct values stay distinct."""
+    if len(value) <= MAX_LABEL_VALUE_CHARS:
+        return value
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
+    return value[: MAX_LABEL_VALUE_CHARS - _HASH_CHARS - 1] + "~" + digest

@@ -36,10 +36,13 @@ import math
 import re
 from collections.abc import Collection, Generator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from vllm_triage.core.model import Era, Histogram, KVPool, ModelSeries, Snapshot
 from vllm_triage.core.names import COUNTER_FIELDS, GAUGE_FIELDS, HISTOGRAM_FIELDS, PREFIXES, SAMPLES
 from vllm_triage.errors import ParseError, TooCostlyError
+
+_T = TypeVar("_T")
 
 # Written so that no two parts can match the same text (whitespace belongs to the
 # separators only; a quoted string is the "unrolled loop" form; a number's digits can
@@ -364,14 +367,14 @@ class SnapshotParser:
         return _assemble(at, accs, pools, prefix or PREFIXES[0], problems)
 
 
-def finish(steps: Generator[None, None, Snapshot]) -> Snapshot:
+def finish(steps: Generator[None, None, _T]) -> _T:
     """Run a parse's steps to the end, at once."""
     while True:
         try:
             next(steps)
         except StopIteration as done:
-            snapshot: Snapshot = done.value
-            return snapshot
+            result: _T = done.value
+            return result
 
 
 def parse_snapshot(text: str, at: float, *, limits: ParseLimits | None = None) -> Snapshot:

@@ -2,7 +2,7 @@
 
 Three pieces run in this process, over real sockets on 127.0.0.1: a simulated vLLM
 server (``simulator.serve``) playing a scenario at ``speed`` times real time, the daemon
-(``service.Daemon``, exactly as ``run`` starts it) scraping it, and a webhook receiver
+(``assemble.build_daemon``, exactly as ``run`` starts it) scraping it, and a webhook receiver
 (``sink``) that the daemon's Alertmanager-format notifications are delivered to.
 
 The daemon's clock runs at the simulator's speed, so its 60 s window, its scrape
@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from vllm_triage.assemble import build_daemon, report_parts
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import Settings
 from vllm_triage.core.model import Transition
@@ -205,10 +206,12 @@ def run_live_demo(
 
         clock = scaled_clock(speed)
         try:
-            daemon = Daemon(settings(listen), clock=clock, default_state_dir=state)
+            own = settings(listen)
+            daemon = build_daemon(own, clock=clock, default_state_dir=state)
         except OSError:
             # The default port is taken (another daemon?): any free port will do.
-            daemon = Daemon(settings("127.0.0.1:0"), clock=clock, default_state_dir=state)
+            own = settings("127.0.0.1:0")
+            daemon = build_daemon(own, clock=clock, default_state_dir=state)
         for t in threads:
             t.start()
         # The tour (or the first target) is recorded beside the daemon, for its report.
@@ -220,7 +223,9 @@ def run_live_demo(
             interval_s=SCRAPE_EVERY_SIM_S / speed,
         )
         recorder.start()
-        demo = _Demo(daemon, servers, scenarios, sink, total=total, speed=speed, recorder=recorder)
+        demo = _Demo(
+            daemon, own, servers, scenarios, sink, total=total, speed=speed, recorder=recorder
+        )
         try:
             return asyncio.run(
                 demo.drive(
@@ -244,6 +249,7 @@ def _line(t: Transition) -> str:
 @dataclass
 class _Demo:
     daemon: Daemon
+    settings: Settings
     servers: dict[str, SimulatedServer]
     scenarios: dict[str, Scenario]
     sink: WebhookSink
@@ -314,11 +320,11 @@ class _Demo:
         daemon = self.daemon
         result.status_url = f"{daemon.url}/"
         name = self.recorder.folder.name
-        target = next(t for t in daemon.settings.targets if t.name == name)
+        target = next(t for t in self.settings.targets if t.name == name)
         out_file = self.recorder.folder.parent / f"{name}-report.html"
         try:
             result.report = write_report(
-                self.recorder.folder, daemon.settings.for_target(target), out_file
+                self.recorder.folder, report_parts(self.settings.for_target(target)), out_file
             )
         except (OSError, RecordingError) as exc:
             result.report_error = f"no report of {name}: {exc}"
@@ -331,7 +337,7 @@ class _Demo:
         )
         res.first_payload = received[0] if received else None
         seen: set[tuple[str, str, str, float]] = set()
-        for w in self.daemon.watchers:
+        for w in self.daemon.targets:
             name = w.state.name
             res.events[name] = []
             res.still_firing[name] = [a.cause for a in w.evaluator.incidents.active()]
@@ -358,7 +364,7 @@ class _Demo:
 
     def screen(self) -> str:
         targets = []
-        for w in self.daemon.watchers:
+        for w in self.daemon.targets:
             name = w.state.name
             phase = self.scenarios[name].phase_at(self.servers[name].live.t)
             targets.append(DemoTarget(w.state, name, phase.label or name))
@@ -386,7 +392,7 @@ class _Scroll:
 
     def update(self) -> None:
         demo = self.demo
-        for w in demo.daemon.watchers:
+        for w in demo.daemon.targets:
             st = w.state
             label = demo.scenarios[st.name].phase_at(demo.servers[st.name].live.t).label
             if label and self.phases.get(st.name) != label:
@@ -399,6 +405,6 @@ class _Scroll:
             self.printed[st.name] = st.transitions
         if demo.sim_t >= self.next_status:
             self.next_status += STATUS_EVERY_SIM_S
-            for w in demo.daemon.watchers:
+            for w in demo.daemon.targets:
                 for line in status_lines(w.state, start_at=START_AT):
                     self.out("  " + line)

@@ -17,8 +17,8 @@ from typing import Any
 from vllm_triage.assemble import build_evaluator
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import Settings
+from vllm_triage.core.drive import Driver, Unusable
 from vllm_triage.core.model import Cause, Transition
-from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.demo.expectations import Event, problems, segments
 from vllm_triage.recording.files import write_atomically
 from vllm_triage.simulator import Scenario, get_scenario, record
@@ -133,7 +133,7 @@ def run_scenario(
     against what each phase was built to show (``demo.expectations``)."""
     scenario = get_scenario(name)
     evaluator = build_evaluator(settings)
-    parser = SnapshotParser()
+    driver = Driver(evaluator)
     transitions: list[Transition] = []
     scrapes = 0
     if record_to is not None:
@@ -144,7 +144,10 @@ def run_scenario(
         scrapes += 1
         if record_to is not None:
             write_atomically(record_to, round(at * 1000), body.encode())
-        transitions.extend(evaluator.step(parser.parse(body, at)).transitions)
+        fed = driver.feed(body.encode(), at)
+        if isinstance(fed, Unusable):  # the simulator writes what the parser reads
+            raise fed.error
+        transitions.extend(fed.evaluation.transitions)
     still = [a.cause for a in evaluator.incidents.active()]
     segs = segments(scenario, default=expected_of(name))
     found = problems(segs, events_of(transitions, START_AT), still_firing=still) if segs else []

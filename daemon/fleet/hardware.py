@@ -19,15 +19,15 @@ bandwidth set at the top level says nothing about a card DCGM found.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 
-from vllm_triage.assemble import build_rulebook, settings_model_size
 from vllm_triage.ceiling.gpus import find_gpu
 from vllm_triage.config.matchers import Matcher, matches_all, parse_matchers
-from vllm_triage.config.schema import HardwareSettings, ModelSettings, Settings
+from vllm_triage.config.schema import HardwareSettings, ModelSettings, ServerRule
 from vllm_triage.core.rulebook import Rulebook
 from vllm_triage.errors import ConfigError
 
@@ -54,18 +54,38 @@ class Card:
         return sum(self.gpus.values())
 
 
+class RulebookFactory(Protocol):
+    """What the assembly lends the resolver: the one conversion of a (hardware, model)
+    pair of settings into the core's ``Rulebook``, and the check of a model's facts."""
+
+    def rulebook(self, hardware: HardwareSettings, model: ModelSettings) -> Rulebook: ...
+
+    def check_model(self, model: ModelSettings) -> None: ...
+
+
 class HardwareResolver:
     """Resolves a server's ``Rulebook`` from its labels, its model and DCGM's card;
     rulebooks are cached, so a fleet of one kind of server builds one."""
 
-    def __init__(self, settings: Settings) -> None:
-        assert settings.prometheus is not None
-        self._settings = settings
+    def __init__(
+        self,
+        servers: Sequence[ServerRule],
+        models: Mapping[str, ModelSettings],
+        *,
+        hardware: HardwareSettings,
+        model: ModelSettings,
+        factory: RulebookFactory,
+    ) -> None:
+        """``servers``, ``models``: the ``prometheus`` section's rules and model table;
+        ``hardware``, ``model``: the top-level sections, the last fallback."""
+        self._hardware_default = hardware
+        self._model_default = model
+        self._factory = factory
         self._rules: list[_Rule] = [
             (i, parse_matchers(r.match), r.hardware, r.model)
-            for i, r in enumerate(settings.prometheus.servers, start=1)
+            for i, r in enumerate(servers, start=1)
         ]
-        self._table = settings.prometheus.models
+        self._table = dict(models)
         self._built: dict[tuple[HardwareSettings, ModelSettings], Rulebook] = {}
         self._cache: dict[tuple[object, ...], Rulebook] = {}
         self._unknown: set[str] = set()
@@ -79,12 +99,12 @@ class HardwareResolver:
                 if hw is not None and hw.gpu is not None:
                     find_gpu(hw.gpu)
                 if model is not None:
-                    settings_model_size(self._settings.model_copy(update={"model": model}))
+                    self._factory.check_model(model)
             except ConfigError as exc:
                 raise ConfigError(f"prometheus.servers[{i - 1}]: {exc}") from None
         for name, model in self._table.items():
             try:
-                settings_model_size(self._settings.model_copy(update={"model": model}))
+                self._factory.check_model(model)
             except ConfigError as exc:
                 raise ConfigError(f"prometheus.models[{name!r}]: {exc}") from None
 
@@ -109,8 +129,7 @@ class HardwareResolver:
     def _rulebook(self, hw: HardwareSettings, model: ModelSettings) -> Rulebook:
         built = self._built.get((hw, model))
         if built is None:
-            own = self._settings.model_copy(update={"hardware": hw, "model": model})
-            built = self._built[(hw, model)] = build_rulebook(own)
+            built = self._built[(hw, model)] = self._factory.rulebook(hw, model)
         return built
 
     def _hardware(
@@ -118,7 +137,7 @@ class HardwareResolver:
         rule: tuple[int, HardwareSettings | None, ModelSettings | None] | None,
         card: Card | None,
     ) -> tuple[HardwareSettings, dict[str, str]]:
-        top = self._settings.hardware
+        top = self._hardware_default
         given: HardwareSettings | None = rule[1] if rule is not None else None
         said = given.model_fields_set if given is not None else frozenset()
         where = f"rule {rule[0]}" if rule is not None else ""
@@ -181,4 +200,4 @@ class HardwareResolver:
         table = self._table.get(model_name)
         if table is not None:
             return table, "model table"
-        return self._settings.model, "settings"
+        return self._model_default, "settings"

@@ -36,25 +36,25 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import structlog
 
-from vllm_triage.config.schema import PrometheusSourceSettings, Settings, TargetSettings
+from vllm_triage.config.schema import PrometheusSourceSettings
+from vllm_triage.core.names import label_value
 from vllm_triage.core.window import signals_from_totals
 from vllm_triage.errors import ScrapeError
 from vllm_triage.fleet.hardware import Card, HardwareResolver
 from vllm_triage.fleet.queries import NAMES_REGEX, FleetQuery, QueryPlan, inner
 from vllm_triage.fleet.signals import Fleet, totals
-from vllm_triage.net.auth import auth_headers
 from vllm_triage.net.fetch import BodyLimit, scrape_error
 from vllm_triage.net.redact import safe_url
 from vllm_triage.notify.notifier import Notifier
-from vllm_triage.serve.exporter import label_value
 from vllm_triage.state import TargetState
 from vllm_triage.store import StateStore
-from vllm_triage.watcher import TargetWatcher
+from vllm_triage.target import Health, Target
 
 log = structlog.get_logger("vllm_triage.fleet")
 
@@ -94,31 +94,50 @@ def shard_of(name: str, count: int) -> int:
     return int.from_bytes(digest, "big") % count
 
 
+@dataclass(frozen=True, slots=True)
+class FleetParts:
+    """What the assembly builds for fleet mode, besides the targets it makes."""
+
+    source: PrometheusSourceSettings
+    window_seconds: float
+    step_seconds: float
+    min_observations: int
+    max_body_bytes: int
+    hardware: HardwareResolver
+    #: Builds a discovered server's bare ``Target`` (the same assembly function that
+    #: builds a configured target's).
+    new_target: Callable[[str], Target]
+    #: The query API's own health, reported like a target's (named ``prometheus``).
+    api: Health
+    #: Every query's headers: JSON, one layer of gzip, the API's credentials.
+    headers: Mapping[str, str]
+
+
 class PrometheusSource:
     """The fleet's one scheduled job: query, split by server, judge each server."""
 
     def __init__(
         self,
-        settings: Settings,
+        parts: FleetParts,
         *,
         client: httpx.AsyncClient,
         notifier: Notifier | None,
         clock: Callable[[], float] = time.time,
         store: StateStore | None = None,
     ) -> None:
-        assert settings.prometheus is not None
-        self.settings = settings
-        self.source: PrometheusSourceSettings = settings.prometheus
-        self.watchers: dict[str, TargetWatcher] = {}
+        self.parts = parts
+        self.source: PrometheusSourceSettings = parts.source
+        self.targets: dict[str, Target] = {}
         self.in_flight = False
-        self.hardware = HardwareResolver(settings)
+        self.hardware = parts.hardware
+        self.api = parts.api
         src = self.source
         dcgm = src.dcgm
         self.plan = QueryPlan(
             selector=src.selector,
             identity=tuple(src.identity_labels),
-            window_seconds=settings.window_seconds,
-            step_seconds=settings.interval_seconds,
+            window_seconds=parts.window_seconds,
+            step_seconds=parts.step_seconds,
             server_labels=tuple(dict.fromkeys((*dcgm.join, *self.hardware.labels))),
             dcgm_selector=dcgm.selector if dcgm.enabled else None,
             dcgm_join=tuple(dcgm.join.values()),
@@ -135,20 +154,8 @@ class PrometheusSource:
         self._notifier = notifier
         self._clock = clock
         self._store = store
-        self._headers = {
-            "Accept": "application/json",
-            "Accept-Encoding": "gzip",
-            **auth_headers(src),
-        }
+        self._headers = dict(parts.headers)
         self._last: float | None = None
-        # The query API's own health, reported like a target's.
-        self.api = TargetWatcher(
-            TargetSettings(name="prometheus", url=src.url),
-            settings,
-            client=client,
-            notifier=None,
-            clock=clock,
-        )
         self._release_foreign()
 
     def owns(self, name: str) -> bool:
@@ -178,23 +185,14 @@ class PrometheusSource:
                 notifier.resolve_gone(alerted - foreign, self._clock())
 
     def states(self) -> list[TargetState]:
-        return [self.api.state] + [w.state for _, w in sorted(self.watchers.items())]
+        return [self.api.state] + [t.state for _, t in sorted(self.targets.items())]
 
-    def _watcher(self, name: str) -> TargetWatcher:
-        watcher = self.watchers.get(name)
-        if watcher is None:
-            url = f"{self.source.url.rstrip('/')}/api/v1/query#{name}"
-            watcher = TargetWatcher(
-                TargetSettings(name=name, url=url),
-                self.settings,
-                client=self._client,
-                notifier=self._notifier,
-                clock=self._clock,
-                store=self._store,
-            )
-            self.watchers[name] = watcher
+    def _target(self, name: str) -> Target:
+        target = self.targets.get(name)
+        if target is None:
+            target = self.targets[name] = self.parts.new_target(name)
             log.info("fleet_target_discovered", target=name)
-        return watcher
+        return target
 
     async def exposed(self, at: float) -> frozenset[str] | None:
         """The names of the series the queries read that the fleet exposed in the
@@ -206,7 +204,7 @@ class PrometheusSource:
         )
         params = {
             "match[]": "{" + matchers + "}",
-            "start": f"{at - self.settings.window_seconds:.3f}",
+            "start": f"{at - self.parts.window_seconds:.3f}",
             "end": f"{at:.3f}",
         }
         try:
@@ -255,7 +253,7 @@ class PrometheusSource:
                 if resp.status_code // 100 != 2:
                     raise ScrapeError(f"HTTP {resp.status_code} from {shown}", reason="http_status")
                 limit = BodyLimit(
-                    self.settings.max_body_bytes, url, resp.headers.get("Content-Encoding", "")
+                    self.parts.max_body_bytes, url, resp.headers.get("Content-Encoding", "")
                 )
                 async for chunk in resp.aiter_raw():
                     limit.add(chunk)
@@ -284,7 +282,7 @@ class PrometheusSource:
     async def tick(self) -> None:
         """One evaluation round for the whole fleet; never raises for what the API did."""
         self.in_flight = True
-        step = self.settings.interval_seconds
+        step = self.parts.step_seconds
         now = self._clock()
         # Evaluation times on a fixed grid: consecutive ticks neither repeat nor drift.
         at = now - now % step
@@ -308,7 +306,7 @@ class PrometheusSource:
         finally:
             api.attempted(now, time.monotonic() - started)
             self.in_flight = False
-        api.up, api.last_success_at = True, now
+        self.api.succeeded(now)
         self._last = at
         self.last_rows = fleet.rows
         if fleet.unusable:
@@ -341,14 +339,14 @@ class PrometheusSource:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     def _judge(self, fleet: Fleet, at: float) -> None:
-        window = self.settings.window_seconds
-        min_obs = self.settings.thresholds.min_observations
+        window = self.parts.window_seconds
+        min_obs = self.parts.min_observations
         join = tuple(self.source.dcgm.join)
         owned = {n: s for n, s in fleet.servers.items() if self.owns(n)}
         self.seen, self.owned = len(fleet.servers), len(owned)
-        for name, watcher in self.watchers.items():
+        for name, target in self.targets.items():
             if name not in owned:
-                watcher.failed("absent", "no series for this server in the query API")
+                target.failed("absent", "no series for this server in the query API")
         for name, server in sorted(owned.items()):
             if not server.models:
                 continue  # only a KV pool so far: nothing to judge
@@ -364,6 +362,6 @@ class PrometheusSource:
                 )
                 for m in server.models
             }
-            watcher = self._watcher(name)
-            watcher.state.attempted(at)
-            watcher.consume_signals(at, signals, rulebooks, tuple(server.problems))
+            target = self._target(name)
+            target.state.attempted(at)
+            target.consume_signals(at, signals, rulebooks, tuple(server.problems))

@@ -34,7 +34,6 @@ import hashlib
 import hmac
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -47,10 +46,11 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from vllm_triage.net.auth import auth_headers
+from vllm_triage.config.auth import auth_headers
 from vllm_triage.net.redact import masked_location, scrub
-from vllm_triage.notify.receivers import Notification, Receiver
-from vllm_triage.store import StateStore
+from vllm_triage.notify.receivers import Receiver
+from vllm_triage.state import ReceiverStats
+from vllm_triage.store import Notification, StateStore
 
 log = structlog.get_logger("vllm_triage.delivery")
 
@@ -68,16 +68,6 @@ class RetryableError(Exception):
 
 class PermanentError(Exception):
     pass
-
-
-@dataclass(slots=True)
-class ReceiverStats:
-    sent: int = 0
-    retried: int = 0
-    failed: int = 0
-    dropped: int = 0
-    last_error: str = ""
-    last_success_at: float | None = None
 
 
 def signature(secret: bytes, body: bytes) -> str:

@@ -16,15 +16,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 
-import httpx
 import structlog
 
-from vllm_triage.config.schema import Settings
 from vllm_triage.core.alerts import Alert, firing_alert
 from vllm_triage.core.dedup import LastSent, NotifyReason, needs_update
 from vllm_triage.core.model import Transition
 from vllm_triage.notify.delivery import Delivery
-from vllm_triage.notify.receivers import build_receiver
 from vllm_triage.store import StateStore
 
 log = structlog.get_logger("vllm_triage.notifier")
@@ -38,18 +35,18 @@ class Notifier:
 
     def __init__(
         self,
-        settings: Settings,
-        client: httpx.AsyncClient,
+        deliveries: list[Delivery],
+        *,
+        severity: str,
         external_url: str,
         store: StateStore | None = None,
     ) -> None:
-        self.severity = settings.alerting.severity
+        """``deliveries``: one per receiver, built by the assembly; ``external_url``:
+        where an alert's links point (this daemon's address)."""
+        self.severity = severity
         self.external_url = external_url
         self.store = store
-        self.deliveries = [
-            Delivery(build_receiver(settings.receiver_name(i), r, external_url), client, store)
-            for i, r in enumerate(settings.receivers)
-        ]
+        self.deliveries = deliveries
         self.active: dict[str, Alert] = {}
         #: (receiver, alert key) -> what that receiver was last told about that alert.
         self.log: dict[tuple[str, str], LastSent] = {}

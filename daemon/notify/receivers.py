@@ -17,24 +17,15 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from vllm_triage.config.schema import ReceiverSettings
 from vllm_triage.core.alerts import Alert, postable_alerts, slack_payload, webhook_payload
 from vllm_triage.core.dedup import SendPolicy
+from vllm_triage.store import Notification
 
 #: A pushed alert stays valid for this many resend periods (Prometheus uses 4).
 VALID_FOR_RESENDS = 4
-
-
-@dataclass(frozen=True, slots=True)
-class Notification:
-    """One POST to make: ``what`` says it in logs (no secrets, no bodies)."""
-
-    body: bytes
-    what: str
-    path: str = ""
 
 
 def _json(body: Any) -> bytes:

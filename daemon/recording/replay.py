@@ -1,7 +1,8 @@
-"""Running the core over a recording (``vllm_triage.recording.files``), file by file.
+"""Running the core over a recording (``recording.files``), file by file.
 
 Files are taken in the order of their names' numbers, and each file's name is its scrape
-time, so a replay sees exactly what the live daemon saw.
+time, so a replay sees exactly what the live daemon saw; each body goes through the same
+``core.drive.Driver`` as every other loop that feeds the core.
 """
 
 from __future__ import annotations
@@ -10,10 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_triage.core.drive import Driver, Fed, Unusable
 from vllm_triage.core.evaluate import Evaluation, Evaluator
-from vllm_triage.core.model import Snapshot
-from vllm_triage.core.parse import SnapshotParser
-from vllm_triage.errors import ParseError
 from vllm_triage.recording.files import recording_files
 
 
@@ -26,22 +25,23 @@ class Skipped:
     reason: str
 
 
-def replay(directory: str | Path, evaluator: Evaluator) -> Iterator[Evaluation | Skipped]:
-    """Run the core over a recording; yields one item per file."""
-    for item in snapshots(directory):
-        yield item if isinstance(item, Skipped) else evaluator.step(item)
-
-
-def snapshots(directory: str | Path) -> Iterator[Snapshot | Skipped]:
-    """A recording's files parsed, in order: one snapshot (or why not) per file."""
-    parser = SnapshotParser()
-    for at, path in recording_files(directory):
+def fed(
+    directory: str | Path, driver: Driver, files: list[tuple[float, Path]] | None = None
+) -> Iterator[Fed | Skipped]:
+    """Each file of a recording read and judged, in order: the snapshot and evaluation it
+    gave, or why it could not be used. ``files``: the recording's listing, when the caller
+    already took it (a recording may grow while it is read)."""
+    for at, path in recording_files(directory) if files is None else files:
         try:
             body = path.read_bytes()
         except OSError as exc:
             yield Skipped(path, at, f"cannot read: {exc.strerror or exc}")
             continue
-        try:
-            yield parser.parse_bytes(body, at)
-        except ParseError as exc:
-            yield Skipped(path, at, str(exc))
+        result = driver.feed(body, at)
+        yield Skipped(path, at, result.message) if isinstance(result, Unusable) else result
+
+
+def replay(directory: str | Path, evaluator: Evaluator) -> Iterator[Evaluation | Skipped]:
+    """Run the core over a recording; yields one item per file."""
+    for item in fed(directory, Driver(evaluator)):
+        yield item if isinstance(item, Skipped) else item.evaluation

@@ -7,9 +7,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_triage.config.schema import Settings
 from vllm_triage.page.render import render_page
-from vllm_triage.serve.pagedata import report_document
+from vllm_triage.recording.report import ReportParts, report_document
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,10 +21,10 @@ class WrittenReport:
 
 
 def write_report(
-    directory: str | Path, settings: Settings, out: str | Path, *, now: float | None = None
+    directory: str | Path, parts: ReportParts, out: str | Path, *, now: float | None = None
 ) -> WrittenReport:
     """Replay ``directory`` and write its report to ``out`` (whole, or not at all)."""
-    doc = report_document(directory, settings, now=time.time() if now is None else now)
+    doc = report_document(directory, parts, now=time.time() if now is None else now)
     page = render_page(doc, title=str(doc["title"]))
     path = Path(out)
     tmp = path.with_name(f".{path.name}.tmp")

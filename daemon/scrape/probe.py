@@ -17,47 +17,30 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import structlog
 
-from vllm_triage.config.schema import ProbeSettings, TargetSettings
+from vllm_triage.config.schema import ProbeSettings
 from vllm_triage.core.model import ProbeStatus
-from vllm_triage.net.auth import auth_headers
+from vllm_triage.logs import Throttle
+from vllm_triage.state import ProbeStats
 
 log = structlog.get_logger("vllm_triage.probe")
 
-#: A failing probe logs its first failure at once, then at most once per this long.
-FAILURE_LOG_EVERY_S = 60.0
 #: What the probe asks: any prompt will do, the engine only has to produce one token.
 PROMPT = "ping"
 
 
-def completions_url(target: TargetSettings) -> str:
+def completions_url(metrics_url: str, probe_url: str | None = None) -> str:
     """Where the probe goes: ``probe.url``, else the target's address at /v1/completions."""
-    if target.probe.url is not None:
-        return target.probe.url
-    parts = urlsplit(target.url)
+    if probe_url is not None:
+        return probe_url
+    parts = urlsplit(metrics_url)
     return urlunsplit((parts.scheme, parts.netloc, "/v1/completions", "", ""))
-
-
-@dataclass(slots=True)
-class ProbeStats:
-    """What the exporter and the API show about a target's probe."""
-
-    url: str
-    probes: int = 0
-    failures: Counter[str] = field(default_factory=Counter)
-    last_seconds: float | None = None
-    last_reason: str | None = None
-    last_at: float | None = None
-    unanswered_since: float | None = None
-    in_flight: bool = False
 
 
 class Prober:
@@ -66,21 +49,26 @@ class Prober:
 
     def __init__(
         self,
-        target: TargetSettings,
+        target: str,
+        settings: ProbeSettings,
         *,
+        url: str,
+        headers: Mapping[str, str],
         client: httpx.AsyncClient,
         model: Callable[[], str | None],
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.settings: ProbeSettings = target.probe
-        self.target = target.name
-        self.stats = ProbeStats(url=completions_url(target))
+        """``url``: the completions endpoint (``completions_url``); ``headers``: the
+        target's credentials; ``model``: the model to ask for when the settings name none
+        (the first one the target's metrics expose)."""
+        self.settings = settings
+        self.target = target
+        self.stats = ProbeStats(url=url)
         self._client = client
         self._model = model
         self._clock = clock
-        self._headers = auth_headers(target)
-        self._logged_at: float | None = None
-        self._suppressed = 0
+        self._headers = dict(headers)
+        self._failures = Throttle()
         self._task: asyncio.Task[Any] | None = None
 
     def status(self) -> ProbeStatus:
@@ -163,20 +151,17 @@ class Prober:
         return None if isinstance(choices, list) and choices else "bad_response"
 
     def _failed(self, reason: str) -> None:
-        now = time.monotonic()
-        if self._logged_at is None or now - self._logged_at >= FAILURE_LOG_EVERY_S:
+        if self._failures.due():
             log.warning(
                 "probe_failed",
                 target=self.target,
                 reason=reason,
                 seconds=round(self.stats.last_seconds or 0.0, 3),
-                failures_since_last_log=self._suppressed + 1,
+                failures_since_last_log=self._failures.held + 1,
             )
-            self._logged_at, self._suppressed = now, 0
-        else:
-            self._suppressed += 1
+            self._failures.logged()
 
     def _recovered(self) -> None:
-        if self._logged_at is not None:
-            log.info("probe_recovered", target=self.target, suppressed=self._suppressed)
-        self._logged_at, self._suppressed = None, 0
+        held = self._failures.clear()
+        if held is not None:
+            log.info("probe_recovered", target=self.target, suppressed=held)

@@ -18,8 +18,7 @@ from typing import Any
 from vllm_triage.core.model import Transition
 from vllm_triage.core.report import diagnosis_dict, iso, transition_dict
 from vllm_triage.net.redact import safe_url
-from vllm_triage.scrape.probe import ProbeStats
-from vllm_triage.state import TargetState
+from vllm_triage.state import ProbeStats, TargetState
 
 
 def _finite(value: Any) -> Any:

@@ -12,7 +12,6 @@ shown while the target is up; the diagnosis state set stays, because the inciden
 
 from __future__ import annotations
 
-import hashlib
 import platform
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
@@ -22,8 +21,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from vllm_triage import __version__
 from vllm_triage.core.model import CAUSES, Diagnosis, Quantile, Signals
-from vllm_triage.notify.delivery import Delivery
-from vllm_triage.state import TargetState
+from vllm_triage.core.names import label_value
+from vllm_triage.state import ReceiverView, TargetState
 
 P = "vllm_triage_"
 DIAGNOSES = ("healthy", *CAUSES)
@@ -36,21 +35,6 @@ ROOFLINE_PARTS = (
     ("draft", "decode_step_draft_bytes"),
 )
 RESOURCES = ("memory", "compute")
-
-
-#: An exported label value is at most this long: a target can name its model anything
-#: (the parser allows ``max_label_value_length``), and every model is in dozens of series.
-MAX_LABEL_VALUE_CHARS = 128
-_HASH_CHARS = 10
-
-
-def label_value(value: str) -> str:
-    """``value``, or, if longer than ``MAX_LABEL_VALUE_CHARS``, its beginning and a short
-    hash of the whole (``...~1a2b3c4d5e``), so that distinct values stay distinct."""
-    if len(value) <= MAX_LABEL_VALUE_CHARS:
-        return value
-    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_CHARS]
-    return value[: MAX_LABEL_VALUE_CHARS - _HASH_CHARS - 1] + "~" + digest
 
 
 def _q(q: Quantile | None) -> float | None:
@@ -203,7 +187,7 @@ class TriageCollector(Collector):
     def __init__(
         self,
         targets: Callable[[], Sequence[TargetState]],
-        deliveries: Callable[[], Sequence[Delivery]],
+        deliveries: Callable[[], Sequence[ReceiverView]],
     ) -> None:
         self._targets = targets
         self._deliveries = deliveries
@@ -425,7 +409,7 @@ class TriageCollector(Collector):
 
 def build_registry(
     targets: Callable[[], Sequence[TargetState]],
-    deliveries: Callable[[], Sequence[Delivery]],
+    deliveries: Callable[[], Sequence[ReceiverView]],
     *,
     process_metrics: bool = True,
 ) -> CollectorRegistry:

@@ -33,7 +33,7 @@ from prometheus_client.registry import CollectorRegistry
 from vllm_triage.page.render import content_security_policy, status_page
 from vllm_triage.page.spec import load_spec
 from vllm_triage.serve.api import diagnoses_json
-from vllm_triage.serve.pagedata import live_document
+from vllm_triage.serve.status import live_document
 from vllm_triage.state import TargetState
 
 StartResponse = Callable[..., Any]

@@ -1,0 +1,80 @@
+"""The one chart accumulator: a model's evaluations as columns of numbers, bounded.
+
+The live status page keeps the last hour of each model in one (``state.History``), the
+post-mortem report a whole recording (its capacity is the recording's length). A ring of
+fixed capacity is allocated once: a float64 column of times, one column per charted key
+and one reference per point to its cause (an interned string). The status page keeps its
+columns as float32 (``typecode="f"``: 13 keys at a 5 s interval is about 50 KB per model
+for an hour, and it never grows); the report keeps float64, so that what it prints is the
+evaluation's number to the last digit.
+
+Pure: no lock (the caller that shares one across threads holds its own), no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A copy of a ring's points since some time, oldest first (None where unknown)."""
+
+    times: list[float]
+    columns: dict[str, list[float | None]]
+    causes: list[str | None]
+
+
+class Ring:
+    """The last ``capacity`` points of one model."""
+
+    def __init__(self, keys: tuple[str, ...], capacity: int, *, typecode: str = "f") -> None:
+        if capacity < 1:
+            raise ValueError("a ring holds at least one point")
+        self.keys = keys
+        self.capacity = capacity
+        self._times = array("d", [NAN]) * capacity
+        self._columns = {k: array(typecode, [NAN]) * capacity for k in keys}
+        self._causes: list[str | None] = [None] * capacity
+        self._next = 0  # where the next point goes
+        self._size = 0
+
+    def append(self, at: float, values: Mapping[str, float], cause: str | None) -> None:
+        i = self._next
+        self._times[i] = at
+        for key, column in self._columns.items():
+            column[i] = values.get(key, NAN)
+        self._causes[i] = cause
+        self._next = (i + 1) % self.capacity
+        self._size = min(self._size + 1, self.capacity)
+
+    @property
+    def newest(self) -> float | None:
+        return None if self._size == 0 else self._times[(self._next - 1) % self.capacity]
+
+    def __len__(self) -> int:
+        return self._size
+
+    def window(self, since: float = -math.inf) -> Window:
+        start = (self._next - self._size) % self.capacity
+        order = [(start + j) % self.capacity for j in range(self._size)]
+        order = [i for i in order if self._times[i] >= since]
+        return Window(
+            times=[self._times[i] for i in order],
+            columns={
+                k: [None if math.isnan(c[i]) else float(c[i]) for i in order]
+                for k, c in self._columns.items()
+            },
+            causes=[self._causes[i] for i in order],
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the columns (preallocated: the same from the first point on)."""
+        per_point = self._times.itemsize + sum(c.itemsize for c in self._columns.values()) + 8
+        return per_point * self.capacity

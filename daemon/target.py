@@ -1,0 +1,232 @@
+"""One target after the core: evaluate a snapshot (or judge fleet signals), publish the
+result, log it, hand the transitions to the notifier, save the incident state.
+
+Both modes feed a ``Target``: the scrape loop (``scrape.loop``) hands it each snapshot it
+read, fleet mode (``fleet.source``) the signals Prometheus windowed. Everything that
+happens after the core happens here, once, whichever fed it. A ``Target`` knows nothing
+of URLs, HTTP clients or parsers: fleet mode's servers are bare targets. The assembly
+(``vllm_triage.assemble``) builds each one with its parts.
+
+What goes wrong with a target's input ends as a counted, logged failure (``Health``):
+logged at once, then once a minute while it lasts (``logs.Throttle``), and once when it
+recovers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from vllm_triage.core.drive import evaluate
+from vllm_triage.core.evaluate import Evaluation, Evaluator
+from vllm_triage.core.incidents import TrackRecord
+from vllm_triage.core.model import ProbeStatus, Signals, Snapshot, Transition
+from vllm_triage.core.rulebook import Rulebook
+from vllm_triage.logs import Throttle
+from vllm_triage.notify.notifier import Notifier
+from vllm_triage.state import History, TargetState, View
+from vllm_triage.store import StateStore
+
+log = structlog.get_logger("vllm_triage.watcher")
+
+#: A log field carries at most this much of a message chosen by a target.
+LOG_TEXT_CHARS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class TargetParts:
+    """What the assembly builds for one target."""
+
+    name: str
+    #: The target's address as people may see it (no credentials; in fleet mode, the
+    #: query API the server is read through).
+    url: str
+    evaluator: Evaluator
+    history: History | None
+    #: ``model_name`` values judged at most (fleet mode; a scrape's parser applies it).
+    max_models: int
+
+
+class Health:
+    """A target's (or the fleet's query API's) up/down state and failure log: a failure
+    is counted by reason and logged at once, then once a minute while it lasts, and once
+    when it recovers."""
+
+    def __init__(self, state: TargetState) -> None:
+        self.state = state
+        self._failures = Throttle()
+
+    def failed(self, reason: str, message: str) -> None:
+        """A tick that gave nothing to evaluate: counted by reason, logged rate-limited."""
+        st = self.state
+        st.up = False
+        st.failures[reason] += 1
+        message = message[: 2 * LOG_TEXT_CHARS]
+        st.last_error = message
+        # Logged at once when the reason changes (a timeout, then a redirect): new news.
+        if self._failures.due(reason):
+            log.warning(
+                "scrape_failed",
+                target=st.name,
+                reason=reason,
+                err=message,
+                failures_since_last_log=self._failures.held + 1,
+            )
+            self._failures.logged()
+
+    def succeeded(self, at: float) -> None:
+        held = self._failures.clear()
+        if held is not None:
+            log.info("scrape_recovered", target=self.state.name, suppressed=held)
+        self.state.up, self.state.last_success_at = True, at
+
+
+class Target:
+    def __init__(
+        self,
+        parts: TargetParts,
+        *,
+        notifier: Notifier | None,
+        store: StateStore | None = None,
+    ) -> None:
+        self.evaluator = parts.evaluator
+        self.state = TargetState(parts.name, parts.url, parts.evaluator.rulebook.ceiling)
+        self.state.history = parts.history
+        self.health = Health(self.state)
+        self._max_models = parts.max_models
+        self._notifier = notifier
+        self._store = store
+        self._problems = Throttle()
+        #: The incident state last written to the store (written again only on change).
+        self._saved: tuple[TrackRecord, ...] = ()
+        if store is not None:
+            self._saved = store.restored.incidents.pop(parts.name, ())
+            if self._saved:
+                self.evaluator.restore(self._saved)
+                log.info(
+                    "incidents_restored",
+                    target=parts.name,
+                    incidents=[f"{r.model_name}: {r.state} {r.cause or ''}" for r in self._saved],
+                )
+
+    @property
+    def name(self) -> str:
+        return self.state.name
+
+    def known_models(self) -> frozenset[str]:
+        """The models watched now: read first when a target exposes too many."""
+        view = self.state.view
+        return frozenset(view.evaluation.diagnoses) if view is not None else frozenset()
+
+    def failed(self, reason: str, message: str) -> None:
+        """A tick that gave nothing to evaluate (``Health.failed``)."""
+        self.health.failed(reason, message)
+
+    def consume(self, snapshot: Snapshot, probe: ProbeStatus | None = None) -> None:
+        """A scraped snapshot: evaluate it, publish the result, hand the transitions to
+        the notifier. With a store, the incident state and what the notifier did are one
+        transaction."""
+        self._saving(lambda: self._publish(evaluate(self.evaluator, snapshot, probe)))
+
+    def consume_signals(
+        self,
+        at: float,
+        signals: Mapping[str, Signals],
+        rulebooks: Mapping[str, Rulebook],
+        problems: tuple[str, ...] = (),
+    ) -> None:
+        """Fleet mode: signals Prometheus windowed, with each model's own hardware and
+        model facts (``Evaluator.judge``); published and notified as ``consume`` does."""
+        self._saving(lambda: self._judge(at, signals, rulebooks, problems))
+
+    def _saving(self, evaluate: Callable[[], None]) -> None:
+        if self._store is None:
+            evaluate()
+            return
+        with self._store.batch():
+            evaluate()
+            records = self.evaluator.incidents.export()
+            if records != self._saved:
+                self._store.save_incidents(self.state.name, records)
+                self._saved = records
+
+    def _judge(
+        self,
+        at: float,
+        signals: Mapping[str, Signals],
+        rulebooks: Mapping[str, Rulebook],
+        problems: tuple[str, ...],
+    ) -> None:
+        if len(signals) > self._max_models:
+            keep = sorted(signals)[: self._max_models]
+            self.state.models_dropped += len(signals) - len(keep)
+            signals = {m: signals[m] for m in keep}
+        for rules in rulebooks.values():
+            self.state.ceiling = rules.ceiling  # what the API shows: the server's card
+            break
+        self._publish(self.evaluator.judge(at, signals, rulebooks, problems))
+
+    def _publish(self, evaluation: Evaluation) -> None:
+        st = self.state
+        at = evaluation.at
+        self.health.succeeded(at)
+        if evaluation.problems:
+            st.series_problems += len(evaluation.problems)
+            self._log_problems(evaluation.problems)
+        if not evaluation.accepted:
+            log.warning("snapshot_out_of_order", target=st.name, at=at)
+            return
+        if st.history is not None:
+            st.history.record(evaluation, self.evaluator.rulebook)
+        incidents = self.evaluator.incidents
+        st.view = View(
+            evaluation=evaluation,
+            states={m: incidents.state(m) for m in evaluation.diagnoses},
+            active=tuple(incidents.active()),
+            clear_runs={m: incidents.clear_run(m) for m in evaluation.diagnoses},
+            resolve_after=incidents.resolve_after,
+            resolve_needed={m: incidents.resolve_needed(m) for m in evaluation.diagnoses},
+        )
+        for t in evaluation.transitions:
+            self._log_transition(t)
+            st.recent.append(t)
+            st.transitions += 1
+            if t.continues:
+                st.cause_changes[(t.model_name, t.cause)] += 1
+            elif t.event == "firing":
+                st.incidents_opened[(t.model_name, t.cause)] += 1
+        if evaluation.transitions and self._notifier is not None:
+            self._notifier.notify(st.name, evaluation.transitions, now=at)
+
+    def _log_problems(self, problems: tuple[str, ...]) -> None:
+        """Unusable series are counted on every scrape and logged once a minute at most
+        (a target that always sends a NaN must not write a line per scrape)."""
+        if not self._problems.due():
+            return
+        log.warning(
+            "series_unusable",
+            target=self.state.name,
+            problems=[p[:LOG_TEXT_CHARS] for p in problems[:5]],
+            scrapes_since_last_log=self._problems.held + 1,
+        )
+        self._problems.logged()
+
+    def _log_transition(self, t: Transition) -> None:
+        d = t.diagnosis
+        log.info(
+            f"incident_{t.event}",
+            target=self.state.name,
+            model_name=t.model_name,
+            diagnosis=t.cause,
+            reason=str(t.reason),
+            confidence=round(d.confidence, 2),
+            summary=d.summary,
+            lasted_s=round(t.at - t.started_at, 1) if t.event == "resolved" else None,
+            opened_as=t.identity_cause if t.identity_cause != t.cause else None,
+            cause_changed_from=t.previous_cause,
+            change=t.change or None,
+            contributing=[f"{c.cause} {c.share:.0%}" for c in d.contributing] or None,
+            evidence=dict(d.evidence) if t.event == "firing" else None,
+        )
