@@ -35,7 +35,7 @@ from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.incidents import IncidentTracker, State, TrackRecord
 from vllm_triage.core.model import Cause, Diagnosis, Signals, Snapshot, Transition
 from vllm_triage.core.rulebook import Rulebook
-from vllm_triage.core.window import Window
+from vllm_triage.core.totals import Window
 
 #: The weight of a new evaluation in a model's smoothed confidence (an exponentially
 #: weighted mean over about four evaluations), reported to the nearest 0.05.

@@ -42,7 +42,7 @@ import httpx
 import structlog
 
 from vllm_triage.config.schema import PrometheusSourceSettings, Settings, TargetSettings
-from vllm_triage.core.window import signals_from_totals
+from vllm_triage.core.signals import signals_from_totals
 from vllm_triage.errors import ScrapeError
 from vllm_triage.fleet.hardware import Card, HardwareResolver
 from vllm_triage.fleet.queries import NAMES_REGEX, FleetQuery, QueryPlan, inner
