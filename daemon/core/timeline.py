@@ -17,7 +17,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from vllm_triage.core.diagnose import measurements
+from vllm_triage.core.facts import measurements
 from vllm_triage.core.model import Diagnosis, Quantile, Reason, Signals, Transition
 from vllm_triage.core.rulebook import Ceiling, Rulebook, Slo, Thresholds
 
