@@ -1,12 +1,18 @@
 """Tests for daemon/core/facts.py: the derived numbers (KV headroom in requests, the
-queue's share of TTFT) and the evidence that carries them."""
+queue's share of TTFT), the evidence that carries them, and the measurements charted
+from it for every evaluation."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 from test_diagnose import CASES, q, rules, signals
 
 from vllm_triage.core.diagnose import diagnose
+from vllm_triage.core.facts import measurements
+from vllm_triage.core.model import Quantile, Signals
+from vllm_triage.core.rulebook import Ceiling
 
 
 class TestEvidence:
@@ -70,3 +76,67 @@ class TestQueueShare:
         assert d.cause == "queue_bound"
         assert d.secondary == ()
         assert "queue_share_of_ttft" not in d.evidence
+
+
+def bare(**fields: object) -> Signals:
+    """Signals that know nothing but what a test gives them."""
+    base = Signals(model_name="m", at=100.0, span_seconds=60.0, snapshots=12)
+    return dataclasses.replace(base, **fields)  # type: ignore[arg-type]
+
+
+class TestMeasurements:
+    """``measurements``: every number one evaluation gives a chart, by evidence key
+    (``Evaluation.measurements`` holds them, one dict per model)."""
+
+    def test_a_healthy_evaluation_has_its_numbers_too(self) -> None:
+        """The evidence is only attached to breached diagnoses; the charts need every one."""
+        s = bare(
+            ttft_p50=Quantile(0.5, 0.2),
+            ttft_p99=Quantile(0.99, 0.9),
+            itl_p99=Quantile(0.99, 0.04),
+            waiting_mean=0.0,
+            running_mean=7.0,
+            kv_usage_mean=0.31,
+            prefill_time_share=0.12,
+        )
+        d = diagnose(s, rules())
+        assert d.cause is None and d.evidence == {}
+        values = measurements(s, d, rules())
+        assert values["ttft_p50_seconds"] == 0.2
+        assert values["ttft_p99_seconds"] == 0.9
+        assert values["itl_p99_seconds"] == 0.04
+        assert values["requests_running_mean"] == 7.0
+        assert values["kv_usage_mean"] == 0.31
+        assert values["prefill_time_share"] == 0.12
+
+    def test_unknown_is_absent_never_zero(self) -> None:
+        """A signal the server does not expose is not drawn as 0."""
+        s = bare(running_mean=3.0)
+        values = measurements(s, diagnose(s, rules()), rules())
+        assert "kv_usage_mean" not in values and "ttft_p99_seconds" not in values
+        assert "decode_ceiling_ratio" not in values  # no hardware set: no ceiling
+
+    def test_any_numeric_evidence_key_becomes_a_series(self) -> None:
+        """A key a diagnosis adds (the roofline's, say) is charted without code here
+        knowing it; text and flags are not numbers and are left out."""
+        s = bare(itl_p99=Quantile(0.99, 0.5))
+        d = dataclasses.replace(
+            diagnose(s, rules()),
+            evidence={"decode_roofline_ratio": 0.93, "decode_limit": "hardware", "x": True},
+        )
+        values = measurements(s, d, rules())
+        assert values["decode_roofline_ratio"] == 0.93
+        assert "decode_limit" not in values and "x" not in values
+
+    def test_ceiling_ratio_at_every_evaluation(self) -> None:
+        h100 = rules(
+            Ceiling(
+                gpu="H100",
+                memory_bandwidth_gb_s=3350,
+                weight_bytes_per_token=16e9,
+                tokens_per_second=200.0,
+            )
+        )
+        s = bare(decode_tokens_per_second_per_stream=150.0)
+        values = measurements(s, diagnose(s, h100), h100)
+        assert values["decode_ceiling_ratio"] == pytest.approx(0.75)

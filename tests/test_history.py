@@ -67,6 +67,7 @@ def evaluation(at: float, models: dict[str, float]) -> Evaluation:
             for m, v in models.items()
         },
         diagnoses={m: Diagnosis(model_name=m, at=at, breaches=(), cause=None) for m in models},
+        measurements={m: {"requests_running_mean": v} for m, v in models.items()},
     )
 
 

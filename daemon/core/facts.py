@@ -4,9 +4,9 @@ Every cause's checks read the same few derived numbers: the KV headroom counted 
 requests, the queue's share of TTFT, the ITL spread, the decode ceiling ratio and the
 step roofline. They are derived here once per evaluation, so no two checks can disagree
 on one of them. The evidence is those numbers and the signals behind them, under the
-names the report, the API, /metrics and the status page use; ``measurements`` is the
-same evidence for any window, healthy ones too (``Evaluator`` carries it in
-``Evaluation.measurements``).
+names the report, the API, /metrics and the status page use; ``measurements`` is its
+numbers for any window, healthy ones too (``Evaluator`` computes them once per
+evaluation, into ``Evaluation.measurements``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from vllm_triage.core import roofline
-from vllm_triage.core.model import Quantile, Signals
+from vllm_triage.core.model import Diagnosis, Quantile, Signals
 from vllm_triage.core.roofline import StepRoofline
 from vllm_triage.core.rulebook import Rulebook
 
@@ -188,7 +188,32 @@ def rounded(
     }
 
 
-def measurements(s: Signals, rules: Rulebook) -> dict[str, float | int | str | bool | None]:
-    """The numbers a diagnosis's evidence holds, for every evaluation, healthy ones too:
-    what the report and the status page chart (``daemon/core/timeline.py``)."""
-    return evidence_of(s, facts_of(s, rules), rules)
+def finite_number(value: object) -> float | None:
+    """``value`` as a float when it is a finite number; None for text, flags, NaN and
+    infinities, which no chart can draw and JSON cannot carry."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def measurements(s: Signals, d: Diagnosis, rules: Rulebook) -> dict[str, float]:
+    """Every finite number one evaluation gives, named as the evidence names them: what
+    the report and the status page chart (``Evaluation.measurements``).
+
+    A breached diagnosis's evidence holds them all already; a healthy one's holds almost
+    none (the roofline at most), so while healthy the evidence is computed here as if it
+    had breached. TTFT p50 and p90 and the most requests running are charted though no
+    diagnosis names them. Absent where unknown, never a made-up 0.
+    """
+    values: dict[str, object] = {
+        "ttft_p50_seconds": quantile_value(s.ttft_p50),
+        "ttft_p90_seconds": quantile_value(s.ttft_p90),
+        "requests_running_max": s.running_max,
+    }
+    values.update(d.evidence if d.breached else evidence_of(s, facts_of(s, rules), rules))
+    out: dict[str, float] = {}
+    for key, value in values.items():
+        number = finite_number(value)
+        if number is not None:
+            out[key] = number
+    return out

@@ -125,7 +125,7 @@ class History:
     def record(self, evaluation: Evaluation, rules: Rulebook) -> None:
         """Append one point per model the evaluation diagnosed."""
         points = [
-            (model, point_values(evaluation.signals[model], d, rules, self.keys), d.cause)
+            (model, point_values(evaluation.measurements[model], self.keys), d.cause)
             for model, d in evaluation.diagnoses.items()
         ]
         with self._lock:

@@ -274,7 +274,7 @@ def report_document(directory: str | Path, settings: Settings, *, now: float) ->
             continue
         for model, d in evaluation.diagnoses.items():
             acc = points.setdefault(model, _Points(spec.measured_keys))
-            values = point_values(evaluation.signals[model], d, rules, spec.measured_keys)
+            values = point_values(evaluation.measurements[model], spec.measured_keys)
             acc.add(evaluation.at, values, d.cause)
         transitions.extend(evaluation.transitions)
     found = incidents(transitions)
