@@ -106,7 +106,7 @@ def is_present(cause: Cause, f: Facts, check: list[bool | None], rules: Rulebook
         return True
     th = rules.thresholds
     if cause == "queue_bound":
-        # A queue behind a prefill flood is prefill's doing, not a cap's (``_checks``).
+        # A queue behind a prefill flood is prefill's doing, not a cap's (``checks_of``).
         prefill_dominant = (f.prefill_share or 0.0) >= th.prefill_dominant_share
         return f.waiting_sustained and f.kv_tight is not True and not prefill_dominant
     if cause == "prefill_bound":
