@@ -22,9 +22,8 @@ from typing import Protocol
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.incidents import Active, State
 from vllm_triage.core.model import Cause, Transition
-from vllm_triage.core.rulebook import Ceiling, Rulebook
+from vllm_triage.core.rulebook import Ceiling
 from vllm_triage.core.series import Ring, Window
-from vllm_triage.core.timeline import point_values
 
 RECENT_TRANSITIONS = 20
 
@@ -105,10 +104,11 @@ class History:
             settings_values=settings_values,
         )
 
-    def record(self, evaluation: Evaluation, rules: Rulebook) -> None:
-        """Append one point per model the evaluation diagnosed."""
+    def record(self, evaluation: Evaluation) -> None:
+        """Append one point per model the evaluation diagnosed: what it measured
+        (``Evaluation.measurements``), the charted keys of it."""
         points = [
-            (model, point_values(evaluation.signals[model], d, rules, self.keys), d.cause)
+            (model, evaluation.measurements.get(model, {}), d.cause)
             for model, d in evaluation.diagnoses.items()
         ]
         with self._lock:

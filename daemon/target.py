@@ -179,7 +179,7 @@ class Target:
             log.warning("snapshot_out_of_order", target=st.name, at=at)
             return
         if st.history is not None:
-            st.history.record(evaluation, self.evaluator.rulebook)
+            st.history.record(evaluation)
         incidents = self.evaluator.incidents
         st.view = View(
             evaluation=evaluation,

@@ -6,9 +6,11 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from test_diagnose import A10G_70B, q, rules, signals
 
 from vllm_triage.assemble import build_evaluator, build_rulebook, ceiling
 from vllm_triage.config.load import load_settings
+from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.evaluate import Evaluator
 from vllm_triage.core.incidents import State, TrackRecord
 from vllm_triage.core.model import ModelSeries, Snapshot
@@ -326,3 +328,64 @@ class TestJudge:
         assert j.diagnoses["a"].evidence["gpu_source"] == "dcgm (NVIDIA L4)"
         assert j.diagnoses["a"].evidence["model_source"] == "model table"
         assert "gpu_source" not in j.diagnoses["b"].evidence
+
+
+class TestMeasurements:
+    """``Evaluation.measurements``: every number the page and the report chart, measured
+    once per evaluation from the published diagnosis, healthy or breached."""
+
+    def test_a_breached_diagnosis_measures_what_its_evidence_says(self) -> None:
+        """Every numeric evidence key (not text, not a flag) is measured as the evidence
+        says it, and the charted signals nobody names in evidence join them."""
+        queued = signals(waiting_mean=6.0, ttft_p50=q(2.0, 0.5), running_max=5.0)
+        e = build_evaluator(load_settings()).judge(100.0, {"m": queued}, {"m": rules(A10G_70B)})
+        d, measured = e.diagnoses["m"], e.measurements["m"]
+        assert d.breached and d.cause not in (None, "stalled")
+        numeric = {
+            k: v
+            for k, v in d.evidence.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        assert numeric and {k: measured[k] for k in numeric} == numeric
+        assert "gpu" not in measured and "breaches" not in measured
+        assert measured["ttft_p50_seconds"] == 2.0 and measured["requests_running_max"] == 5.0
+
+    def test_a_healthy_evaluation_carries_the_derived_numbers(self) -> None:
+        """Healthy, the diagnosis names no KV headroom, queue share or decode ceiling; the
+        evaluation measures them all the same, as a breached one would say them."""
+        decoding = signals(decode_tokens_per_second_per_stream=4.0)  # 93 % of the ceiling
+        e = build_evaluator(load_settings()).judge(100.0, {"m": decoding}, {"m": rules(A10G_70B)})
+        d, measured = e.diagnoses["m"], e.measurements["m"]
+        assert not d.breached
+        derived = (
+            "kv_headroom_requests",
+            "queue_share_of_ttft",
+            "decode_ceiling_ratio",
+            "decode_ceiling_tokens_per_second",
+        )
+        assert not set(derived) & set(d.evidence)
+        assert measured["kv_headroom_requests"] == pytest.approx(
+            100_000 * 0.75 / (0.2 * 100_000 / 4)
+        )
+        assert measured["queue_share_of_ttft"] == pytest.approx(0.01 / 0.1)
+        assert measured["decode_ceiling_ratio"] == pytest.approx(4.0 / (600 / 140), rel=1e-5)
+        assert measured["decode_ceiling_tokens_per_second"] == pytest.approx(600 / 140, rel=1e-5)
+        queued = dataclasses.replace(decoding, waiting_mean=6.0)
+        breached = diagnose(queued, rules(A10G_70B)).evidence
+        assert {k: measured[k] for k in derived} == {k: breached[k] for k in derived}
+
+    def test_what_the_signals_do_not_allow_is_absent(self) -> None:
+        """No pool size, no queue times, no hardware: no headroom, share or ceiling, and
+        never a 0 in their place."""
+        bare = signals(kv_pool_tokens=None, queue_time_count=0.0)
+        e = build_evaluator(load_settings()).judge(100.0, {"m": bare})
+        measured = e.measurements["m"]
+        assert "kv_headroom_requests" not in measured
+        assert "queue_share_of_ttft" not in measured
+        assert "decode_ceiling_ratio" not in measured
+        assert measured["requests_running_mean"] == 4.0
+
+    def test_an_out_of_order_evaluation_measures_nothing(self) -> None:
+        ev = build_evaluator(load_settings())
+        ev.judge(100.0, {"m": signals()})
+        assert ev.judge(100.0, {"m": signals()}).measurements == {}

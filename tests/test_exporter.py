@@ -1,6 +1,6 @@
 """Tests for daemon/serve/exporter.py: the derived /metrics, rendered from real evaluations.
 
-Each target's state is built the way ``TargetWatcher.scrape`` builds it, from a bundled
+Each target's state is built the way the scrape loop builds it, from a bundled
 simulator scenario run through the same parser, window, classifier and incident tracker
 (in virtual time: a minute of scrapes takes a fraction of a second), then rendered with
 prometheus_client and read back with its reference parser.
@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from vllm_triage import __version__
-from vllm_triage.assemble import build_evaluator, build_rulebook
+from vllm_triage.assemble import build_target
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import ReceiverSettings
 from vllm_triage.core.parse import SnapshotParser
@@ -31,8 +31,9 @@ from vllm_triage.demo.offline import START_AT, scenario_facts
 from vllm_triage.notify.delivery import Delivery
 from vllm_triage.notify.receivers import build_receiver
 from vllm_triage.serve.exporter import build_registry
+from vllm_triage.serve.status import live_document
 from vllm_triage.simulator import get_scenario, record
-from vllm_triage.state import ProbeStats, TargetState, View
+from vllm_triage.state import ProbeStats, TargetState
 from vllm_triage.store import Notification
 
 P = "vllm_triage_"
@@ -74,34 +75,23 @@ SIGNAL_FAMILIES = (
 )
 
 
-def watched(scenario: str, *, name: str | None = None, duration_s: float = 60.0) -> TargetState:
-    """A target's state as ``TargetWatcher.scrape`` leaves it after scraping the simulated
+def watched(
+    scenario: str, *, name: str | None = None, duration_s: float = 60.0, facts: bool = True
+) -> TargetState:
+    """A target's state as its scrape loop leaves it after scraping the simulated
     ``scenario`` every 5 s for ``duration_s`` (the core told the scenario's hardware, as
     the demo does)."""
     sc = get_scenario(scenario)
-    settings = load_settings(None, scenario_facts(sc) or None)
-    rulebook = build_rulebook(settings)
-    evaluator = build_evaluator(settings, rulebook)
+    settings = load_settings(None, (scenario_facts(sc) if facts else None) or None)
+    target = build_target(
+        settings, name or scenario, f"http://127.0.0.1:1/{scenario}", notifier=None
+    )
     parser = SnapshotParser()
-    state = TargetState(name or scenario, f"http://127.0.0.1:1/{scenario}", rulebook.ceiling)
     for at, body in record(sc, start_at=START_AT, interval_s=5.0, duration_s=duration_s):
-        evaluation = evaluator.step(parser.parse(body, at))
-        state.scrapes += 1
-        state.up, state.last_scrape_at, state.last_success_at = True, at, at
-        state.last_duration_s = 0.012
-        assert evaluation.accepted
-        incidents = evaluator.incidents
-        state.view = View(
-            evaluation=evaluation,
-            states={m: incidents.state(m) for m in evaluation.diagnoses},
-            active=tuple(incidents.active()),
-        )
-        for t in evaluation.transitions:
-            state.recent.append(t)
-            state.transitions += 1
-            if t.event == "firing":
-                state.incidents_opened[(t.model_name, t.cause)] += 1
-    return state
+        target.state.attempted(at, 0.012)
+        target.consume(parser.parse(body, at))
+        assert target.state.view is not None and target.state.view.evaluation.accepted
+    return target.state
 
 
 def render(states: Sequence[TargetState], deliveries: Sequence[Delivery] = ()) -> str:
@@ -270,11 +260,37 @@ class TestSignals:
             else:
                 assert 0.0 <= s.value <= 1.0, s
 
-    def test_missing_evidence_is_absent_not_zero(self, text: str) -> None:
-        """No decode ceiling in the healthy target's evidence: no sample, rather than 0."""
+    def test_a_healthy_server_exports_what_its_page_charts(self) -> None:
+        """One number, one source: a healthy server's derived gauges (KV headroom, the
+        decode ceiling and roofline) are the numbers the status page charts for its last
+        evaluation (``Evaluation.measurements``), not absent because the diagnosis holds
+        no evidence while healthy."""
+        state = watched("healthy", duration_s=120.0)
+        view = state.view
+        assert view is not None and not view.evaluation.transitions
+        [(_model, d)] = view.evaluation.diagnoses.items()
+        assert d.cause is None and not d.evidence.get("kv_headroom_requests")
+        text = render([state])
+        doc = live_document([state], now=view.evaluation.at)
+        [section] = doc["sections"]
+        pairs = {  # exported gauge -> charted key
+            "kv_headroom_requests": "kv_headroom_requests",
+            "decode_ceiling_ratio": "decode_ceiling_ratio",
+            "decode_roofline_ratio": "decode_roofline_ratio",
+        }
+        for gauge, key in pairs.items():
+            charted = section["values"][key][-1]
+            [exported] = samples(text, P + gauge, target="healthy")
+            assert charted is not None, key
+            assert exported.value == pytest.approx(charted, rel=1e-3), gauge
+
+    def test_an_unknown_number_is_absent_not_zero(self) -> None:
+        """With no hardware or model facts there is no ceiling: no sample, rather than 0."""
+        state = watched("healthy", duration_s=60.0, facts=False)
+        text = render([state])
         for name in ("decode_ceiling_tokens_per_second", "decode_ceiling_ratio"):
             assert not samples(text, P + name, target="healthy")
-            assert samples(text, P + name, target="kv_pressure")
+        assert samples(text, P + "kv_headroom_requests", target="healthy")
 
 
 class TestTargetHealth:

@@ -36,7 +36,7 @@ from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.model import KVPool, Signals, Snapshot, WindowTotals
 from vllm_triage.core.names import SAMPLES
 from vllm_triage.core.parse import parse_snapshot
-from vllm_triage.core.window import Window
+from vllm_triage.core.totals import Window
 from vllm_triage.errors import ConfigError
 from vllm_triage.fleet.hardware import Card, HardwareResolver
 from vllm_triage.fleet.queries import QueryPlan, duration, names

@@ -4,7 +4,7 @@ whole core (window, diagnosis, incidents) never raises on what the parser accept
 
 Alongside: tests/test_parse.py (any text; generated gauge payloads against
 prometheus_client), tests/test_histogram.py (bucket_quantile monotone in q),
-tests/test_window.py (the fast path equals the step-by-step sum).
+tests/test_totals.py (the fast path equals the step-by-step sum).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from vllm_triage.assemble import build_evaluator
 from vllm_triage.config.load import load_settings
 from vllm_triage.core.model import Signals
 from vllm_triage.core.parse import SnapshotParser
-from vllm_triage.core.window import Window
+from vllm_triage.core.totals import Window
 from vllm_triage.errors import ParseError
 
 from snapshots import hist, snap

@@ -68,6 +68,7 @@ def evaluation(at: float, models: dict[str, float]) -> Evaluation:
             for m, v in models.items()
         },
         diagnoses={m: Diagnosis(model_name=m, at=at, breaches=(), cause=None) for m in models},
+        measurements={m: {"requests_running_mean": v} for m, v in models.items()},
     )
 
 
@@ -78,12 +79,12 @@ class TestHistory:
 
     def test_per_model_and_forgets_a_model_gone_for_an_hour(self) -> None:
         h = History(KEYS, capacity=100, keep_seconds=60)
-        h.record(evaluation(0.0, {"a": 1.0, "b": 2.0}), RULES)
-        h.record(evaluation(30.0, {"a": 3.0}), RULES)
+        h.record(evaluation(0.0, {"a": 1.0, "b": 2.0}))
+        h.record(evaluation(30.0, {"a": 3.0}))
         windows = h.windows(since=0.0)
         assert windows["a"].columns["requests_running_mean"] == [1.0, 3.0]
         assert windows["b"].times == [0.0]
-        h.record(evaluation(61.0, {"a": 4.0}), RULES)
+        h.record(evaluation(61.0, {"a": 4.0}))
         assert list(h.windows(since=0.0)) == ["a"]
 
     def test_the_stated_bound(self) -> None:
@@ -97,7 +98,7 @@ class TestHistory:
         sizes = []
         bodies = record(get_scenario("tour"), start_at=0.0, interval_s=5.0, duration_s=900)
         for n, (at, body) in enumerate(bodies):
-            h.record(evaluator.step(parser.parse(body, at)), evaluator.rulebook)
+            h.record(evaluator.step(parser.parse(body, at)))
             if n in (10, 179):
                 sizes.append(h.nbytes)
         per_point = 8 + 4 * len(spec.measured_keys) + 8

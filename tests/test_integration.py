@@ -28,7 +28,7 @@ from vllm_triage.config.load import load_settings
 from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.names import SAMPLES
 from vllm_triage.core.parse import parse_snapshot
-from vllm_triage.core.window import Window
+from vllm_triage.core.totals import Window
 from vllm_triage.fleet.source import PrometheusSource, shard_of
 from vllm_triage.simulator import get_scenario, record
 

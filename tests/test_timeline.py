@@ -6,13 +6,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import pytest
-
 from vllm_triage.assemble import build_evaluator, build_rulebook
 from vllm_triage.config.load import load_settings
-from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.incidents import IncidentTracker
-from vllm_triage.core.model import Diagnosis, Quantile, Reason, Signals, Transition
+from vllm_triage.core.model import Diagnosis, Reason, Transition
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.core.rulebook import Ceiling
 from vllm_triage.core.timeline import (
@@ -28,70 +25,20 @@ from vllm_triage.simulator import get_scenario, record
 RULES = build_rulebook(load_settings())
 
 
-def signals(**fields: object) -> Signals:
-    base = Signals(model_name="m", at=100.0, span_seconds=60.0, snapshots=12)
-    return dataclasses.replace(base, **fields)  # type: ignore[arg-type]
+#: One model's measurements, as ``Evaluation.measurements`` holds them.
+MEASURED = {"requests_running_mean": 3.0, "requests_waiting_mean": 1.0, "kv_usage_max": 0.5}
 
 
 class TestPointValues:
-    def test_a_healthy_evaluation_has_its_numbers_too(self) -> None:
-        """The evidence is only attached to breached diagnoses; the charts need every one."""
-        s = signals(
-            ttft_p50=Quantile(0.5, 0.2),
-            ttft_p99=Quantile(0.99, 0.9),
-            itl_p99=Quantile(0.99, 0.04),
-            waiting_mean=0.0,
-            running_mean=7.0,
-            kv_usage_mean=0.31,
-            prefill_time_share=0.12,
-        )
-        d = diagnose(s, RULES)
-        assert d.cause is None and d.evidence == {}
-        values = point_values(s, d, RULES)
-        assert values["ttft_p50_seconds"] == 0.2
-        assert values["ttft_p99_seconds"] == 0.9
-        assert values["itl_p99_seconds"] == 0.04
-        assert values["requests_running_mean"] == 7.0
-        assert values["kv_usage_mean"] == 0.31
-        assert values["prefill_time_share"] == 0.12
+    """A point is a selection from what the evaluation measured; the measuring itself is
+    tested in test_facts.py and test_evaluate.py."""
 
-    def test_unknown_is_absent_never_zero(self) -> None:
-        """A signal the server does not expose is not drawn as 0."""
-        s = signals(running_mean=3.0)
-        values = point_values(s, diagnose(s, RULES), RULES)
-        assert "kv_usage_mean" not in values and "ttft_p99_seconds" not in values
-        assert "decode_ceiling_ratio" not in values  # no hardware set: no ceiling
+    def test_every_number_without_keys(self) -> None:
+        assert point_values(MEASURED) == MEASURED
 
-    def test_any_numeric_evidence_key_becomes_a_series(self) -> None:
-        """A key a diagnosis adds (the roofline's, say) is charted without code here
-        knowing it; text and flags are not numbers and are left out."""
-        s = signals(itl_p99=Quantile(0.99, 0.5))
-        d = dataclasses.replace(
-            diagnose(s, RULES),
-            evidence={"decode_roofline_ratio": 0.93, "decode_limit": "hardware", "x": True},
-        )
-        values = point_values(s, d, RULES)
-        assert values["decode_roofline_ratio"] == 0.93
-        assert "decode_limit" not in values and "x" not in values
-
-    def test_only_the_keys_asked_for(self) -> None:
-        s = signals(running_mean=3.0, waiting_mean=1.0)
-        values = point_values(s, diagnose(s, RULES), RULES, ("requests_waiting_mean", "nope"))
-        assert values == {"requests_waiting_mean": 1.0}
-
-    def test_ceiling_ratio_at_every_evaluation(self) -> None:
-        rules = dataclasses.replace(
-            RULES,
-            ceiling=Ceiling(
-                gpu="H100",
-                memory_bandwidth_gb_s=3350,
-                weight_bytes_per_token=16e9,
-                tokens_per_second=200.0,
-            ),
-        )
-        s = signals(decode_tokens_per_second_per_stream=150.0)
-        values = point_values(s, diagnose(s, rules), rules)
-        assert values["decode_ceiling_ratio"] == pytest.approx(0.75)
+    def test_only_the_keys_asked_for_in_their_order(self) -> None:
+        values = point_values(MEASURED, ("kv_usage_max", "requests_waiting_mean", "nope"))
+        assert list(values.items()) == [("kv_usage_max", 0.5), ("requests_waiting_mean", 1.0)]
 
 
 def test_setting_values_name_the_settings() -> None:
@@ -247,7 +194,9 @@ def test_a_simulated_incident_from_end_to_end() -> None:
         for model, d in ev.diagnoses.items():
             times.append(at)
             causes.append(d.cause)
-            usage.append(point_values(ev.signals[model], d, evaluator.rulebook).get("kv_usage_max"))
+            usage.append(
+                point_values(ev.measurements[model], ("kv_usage_max",)).get("kv_usage_max")
+            )
         transitions.extend(ev.transitions)
     (first, *_) = incidents(transitions)
     assert first.cause == "kv_pressure"

@@ -32,10 +32,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from vllm_triage.core.diagnose import diagnose
+from vllm_triage.core.facts import measurements
 from vllm_triage.core.incidents import IncidentTracker, State, TrackRecord
 from vllm_triage.core.model import Cause, Diagnosis, Signals, Snapshot, Transition
 from vllm_triage.core.rulebook import Rulebook
-from vllm_triage.core.window import Window
+from vllm_triage.core.totals import Window
 
 #: The weight of a new evaluation in a model's smoothed confidence (an exponentially
 #: weighted mean over about four evaluations), reported to the nearest 0.05.
@@ -58,6 +59,10 @@ class Evaluation:
     diagnoses: dict[str, Diagnosis] = field(default_factory=dict)
     transitions: list[Transition] = field(default_factory=list)
     problems: tuple[str, ...] = ()
+    #: Per model: every finite number the status page and the report chart, keyed as the
+    #: evidence names them (``facts.measurements``), taken from the published diagnosis
+    #: once here, so every reader of one evaluation sees the same numbers.
+    measurements: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 class Evaluator:
@@ -171,6 +176,7 @@ class Evaluator:
         problems: tuple[str, ...],
     ) -> Evaluation:
         diagnoses: dict[str, Diagnosis] = {}
+        measured: dict[str, dict[str, float]] = {}
         transitions: list[Transition] = []
         for model in sorted(signals):
             rules = rulebooks.get(model, self.rulebook)
@@ -188,6 +194,7 @@ class Evaluator:
                 d = self._diagnose(signals[model], rules, keep=kept)
             d = self._steady_confidence(model, d)
             diagnoses[model] = d
+            measured[model] = measurements(signals[model], d, rules)
             transitions.extend(dataclasses.replace(t, diagnosis=d) for t in moved)
         self.incidents.forget_clear(set(diagnoses))
         for model in set(self._confidence) - set(diagnoses):
@@ -201,4 +208,5 @@ class Evaluator:
             diagnoses=diagnoses,
             transitions=transitions,
             problems=problems,
+            measurements=measured,
         )

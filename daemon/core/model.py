@@ -268,7 +268,7 @@ class WindowTotals:
 
     The sidecar's ``Window`` sums it from its snapshots; fleet mode reads it from
     Prometheus, which did the windowing (``daemon/fleet/signals.py``). Both become
-    ``Signals`` through ``window.signals_from_totals``, so the two agree by construction.
+    ``Signals`` through ``signals.signals_from_totals``, so the two agree by construction.
 
     ``counters`` holds window increases and ``histograms`` window deltas, keyed by the
     field names of ``ModelSeries``; a field that is absent was not exposed. A histogram

@@ -1,10 +1,10 @@
 """Evaluations as time series, and transitions as incidents: what the post-mortem report and
 the live status page draw (``daemon/serve/pagedata.py`` builds their document from these).
 
-A point's values are named as the diagnosis evidence names them (``diagnose.measurements``),
-computed for every evaluation, healthy ones too, so a chart can show any evidence key,
-including keys added to the diagnosis later. Settings in force (SLOs, thresholds, the
-ceiling) are named ``slo.<key>``, ``thresholds.<key>`` and ``ceiling.<key>``.
+A point's values are named as the diagnosis evidence names them, measured once for every
+evaluation, healthy ones too (``Evaluation.measurements``), so a chart can show any
+evidence key, including keys added to the diagnosis later. Settings in force (SLOs,
+thresholds, the ceiling) are named ``slo.<key>``, ``thresholds.<key>`` and ``ceiling.<key>``.
 
 Pure: the same evaluations always give the same series and incidents.
 """
@@ -13,49 +13,25 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from vllm_triage.core.diagnose import measurements
-from vllm_triage.core.model import Diagnosis, Quantile, Reason, Signals, Transition
+from vllm_triage.core.facts import finite_number
+from vllm_triage.core.model import Diagnosis, Reason, Transition
 from vllm_triage.core.rulebook import Ceiling, Rulebook, Slo, Thresholds
 
 #: Prefixes of the keys that name a setting in force rather than a measurement.
 SETTING_PREFIXES = ("slo.", "thresholds.", "ceiling.")
 
 
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _quantile(q: Quantile | None) -> float | None:
-    return None if q is None else q.value
-
-
 def point_values(
-    signals: Signals,
-    diagnosis: Diagnosis,
-    rules: Rulebook,
-    keys: Collection[str] | None = None,
+    measurements: Mapping[str, float], keys: Collection[str] | None = None
 ) -> dict[str, float]:
-    """The numbers one evaluation gives (only ``keys``, if given), by evidence key; absent
-    where unknown, never a made-up 0."""
-    values: dict[str, object] = {
-        "ttft_p50_seconds": _quantile(signals.ttft_p50),
-        "ttft_p90_seconds": _quantile(signals.ttft_p90),
-        "requests_running_max": signals.running_max,
-    }
-    # A breached diagnosis carries them all already; a healthy one carries none.
-    values.update(diagnosis.evidence if diagnosis.breached else measurements(signals, rules))
-    out: dict[str, float] = {}
-    for key in values if keys is None else keys:
-        number = _number(values.get(key))
-        if number is not None:
-            out[key] = number
-    return out
+    """One model's point from what its evaluation measured (``Evaluation.measurements``):
+    only ``keys``, if given, in their order; absent where unknown, never a made-up 0."""
+    if keys is None:
+        return dict(measurements)
+    return {key: measurements[key] for key in keys if key in measurements}
 
 
 def setting_values(rules: Rulebook) -> dict[str, float]:
@@ -69,7 +45,7 @@ def setting_values(rules: Rulebook) -> dict[str, float]:
         parts.append(("ceiling", rules.ceiling))
     for prefix, obj in parts:
         for f in dataclasses.fields(obj):
-            number = _number(getattr(obj, f.name))
+            number = finite_number(getattr(obj, f.name))
             if number is not None:
                 out[f"{prefix}.{f.name}"] = number
     return out

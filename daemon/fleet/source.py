@@ -44,7 +44,7 @@ import structlog
 
 from vllm_triage.config.schema import PrometheusSourceSettings
 from vllm_triage.core.names import label_value
-from vllm_triage.core.window import signals_from_totals
+from vllm_triage.core.signals import signals_from_totals
 from vllm_triage.errors import ScrapeError
 from vllm_triage.fleet.hardware import Card, HardwareResolver
 from vllm_triage.fleet.queries import NAMES_REGEX, FleetQuery, QueryPlan, inner

@@ -17,7 +17,7 @@ from vllm_triage.core.model import Transition
 from vllm_triage.core.report import iso
 from vllm_triage.core.rulebook import Rulebook
 from vllm_triage.core.series import Ring
-from vllm_triage.core.timeline import incidents, median_interval, point_values, setting_values
+from vllm_triage.core.timeline import incidents, median_interval, setting_values
 from vllm_triage.page.document import (
     ERA_TEXT,
     base_document,
@@ -84,8 +84,7 @@ def report_document(directory: str | Path, parts: ReportParts, *, now: float) ->
             ring = points.get(model)
             if ring is None:
                 ring = points[model] = Ring(spec.measured_keys, capacity, typecode="d")
-            values = point_values(evaluation.signals[model], d, rules, spec.measured_keys)
-            ring.append(evaluation.at, values, d.cause)
+            ring.append(evaluation.at, evaluation.measurements.get(model, {}), d.cause)
         transitions.extend(evaluation.transitions)
     found = incidents(transitions)
     start, end = files[0], files[-1]

@@ -13,14 +13,14 @@ shown while the target is up; the diagnosis state set stays, because the inciden
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from vllm_triage import __version__
-from vllm_triage.core.model import CAUSES, Diagnosis, Quantile, Signals
+from vllm_triage.core.model import CAUSES, Quantile, Signals
 from vllm_triage.core.names import label_value
 from vllm_triage.state import ReceiverView, TargetState
 
@@ -66,117 +66,119 @@ _QUANTILES: tuple[tuple[str, str, Callable[[Signals], Quantile | None]], ...] = 
     ),
 )
 
-#: (name, help, value from the signals and the diagnosis): one gauge per model each.
-_SIGNALS: tuple[tuple[str, str, Callable[[Signals, Diagnosis], float | None]], ...] = (
-    ("ttft_mean_seconds", "Mean time to first token over the window.", lambda s, d: s.ttft_mean),
-    ("itl_mean_seconds", "Mean inter-token latency over the window.", lambda s, d: s.itl_mean),
+#: (name, help, value from the signals and the evaluation's measurements of the model):
+#: one gauge per model each. The derived numbers come from ``Evaluation.measurements``, the
+#: numbers the status page charts, computed once in the core, healthy or not.
+_SIGNALS: tuple[tuple[str, str, Callable[[Signals, Mapping[str, float]], float | None]], ...] = (
+    ("ttft_mean_seconds", "Mean time to first token over the window.", lambda s, m: s.ttft_mean),
+    ("itl_mean_seconds", "Mean inter-token latency over the window.", lambda s, m: s.itl_mean),
     (
         "queue_time_ttft_ratio",
         "Mean queue time as a share of mean TTFT (absent when not comparable).",
-        lambda s, d: _num(d.evidence.get("queue_share_of_ttft")),
+        lambda s, m: m.get("queue_share_of_ttft"),
     ),
     (
         "prefill_time_ratio",
         "Share of engine time spent in prefill (prefill / (prefill + decode)).",
-        lambda s, d: s.prefill_time_share,
+        lambda s, m: s.prefill_time_share,
     ),
-    ("requests_waiting", "Mean requests waiting over the window.", lambda s, d: s.waiting_mean),
-    ("requests_running", "Mean requests running over the window.", lambda s, d: s.running_mean),
+    ("requests_waiting", "Mean requests waiting over the window.", lambda s, m: s.waiting_mean),
+    ("requests_running", "Mean requests running over the window.", lambda s, m: s.running_mean),
     (
         "kv_cache_usage_ratio",
         "Mean KV-cache usage over the window (0..1).",
-        lambda s, d: s.kv_usage_mean,
+        lambda s, m: s.kv_usage_mean,
     ),
     (
         "kv_cache_usage_max_ratio",
         "Highest KV-cache usage seen in the window (0..1).",
-        lambda s, d: s.kv_usage_max,
+        lambda s, m: s.kv_usage_max,
     ),
     (
         "kv_headroom_requests",
         "Requests of the window's mean size that still fit in the free KV cache.",
-        lambda s, d: _num(d.evidence.get("kv_headroom_requests")),
+        lambda s, m: m.get("kv_headroom_requests"),
     ),
     (
         "preemptions_per_second",
         "Preemptions per second over the window.",
-        lambda s, d: s.preemptions_per_second,
+        lambda s, m: s.preemptions_per_second,
     ),
     (
         "decode_tokens_per_second",
         "Measured per-stream decode rate: tokens per step / mean inter-token latency.",
-        lambda s, d: s.decode_tokens_per_second_per_stream,
+        lambda s, m: s.decode_tokens_per_second_per_stream,
     ),
     (
         "decode_ceiling_tokens_per_second",
         "Single-stream decode ceiling: memory bandwidth / weight bytes read per token.",
-        lambda s, d: _num(d.evidence.get("decode_ceiling_tokens_per_second")),
+        lambda s, m: m.get("decode_ceiling_tokens_per_second"),
     ),
     (
         "decode_ceiling_ratio",
         "Single-stream figure: per-stream decode rate / single-stream ceiling (weights only; "
         "a batch is judged by decode_roofline_ratio).",
-        lambda s, d: _num(d.evidence.get("decode_ceiling_ratio")),
+        lambda s, m: m.get("decode_ceiling_ratio"),
     ),
     (
         "decode_roofline_ratio",
         "Decode step floor / measured step: near 1 at the hardware limit, far below it the "
         "serving stack, above 1 impossible (the hardware or model settings are wrong).",
-        lambda s, d: _num(d.evidence.get("decode_roofline_ratio")),
+        lambda s, m: m.get("decode_roofline_ratio"),
     ),
     (
         "gpu_dram_active_ratio",
         "Share of cycles the card's memory interface was busy over the window "
         "(DCGM_FI_PROF_DRAM_ACTIVE, mean over the server's GPUs; fleet mode with DCGM).",
-        lambda s, d: s.dram_active_mean,
+        lambda s, m: s.dram_active_mean,
     ),
     (
         "decode_step_seconds",
         "Measured decode step: mean inter-token latency (one sample per request per step).",
-        lambda s, d: _num(d.evidence.get("decode_step_seconds")),
+        lambda s, m: m.get("decode_step_seconds"),
     ),
     (
         "decode_step_floor_seconds",
         "Shortest the decode step can be, per GPU: max(bytes / bandwidth, FLOPs / compute) "
         "plus draft forwards.",
-        lambda s, d: _num(d.evidence.get("decode_step_floor_seconds")),
+        lambda s, m: m.get("decode_step_floor_seconds"),
     ),
     (
         "decode_tokens_per_step",
         "Tokens one request gets per engine step: 1 + accepted / drafts under speculative "
         "decoding, else 1.",
-        lambda s, d: _num(d.evidence.get("decode_tokens_per_step")),
+        lambda s, m: m.get("decode_tokens_per_step"),
     ),
     (
         "decode_step_tokens",
         "Tokens an engine step computes (prompt, generated and rejected draft tokens).",
-        lambda s, d: _num(d.evidence.get("decode_batch_tokens_per_step")),
+        lambda s, m: m.get("decode_batch_tokens_per_step"),
     ),
     (
         "decode_kv_read_ratio",
         "Share of a decode step's bytes that are KV cache reads (0..1).",
-        lambda s, d: _num(d.evidence.get("decode_kv_read_share")),
+        lambda s, m: m.get("decode_kv_read_share"),
     ),
     (
         "prompt_tokens_per_second",
         "Prompt tokens processed per second over the window.",
-        lambda s, d: s.prompt_tokens_per_second,
+        lambda s, m: s.prompt_tokens_per_second,
     ),
     (
         "generation_tokens_per_second",
         "Tokens generated per second over the window.",
-        lambda s, d: s.generation_tokens_per_second,
+        lambda s, m: s.generation_tokens_per_second,
     ),
     (
         "no_progress_seconds",
         "Seconds the engine has had requests outstanding (or a probe unanswered) without "
         "any progress: no token, no step, no gauge moving. 0 while it steps or idles.",
-        lambda s, d: s.progress.seconds_without_progress if s.progress else None,
+        lambda s, m: s.progress.seconds_without_progress if s.progress else None,
     ),
     (
         "last_progress_timestamp_seconds",
         "Unix time of the last scrape at which the engine had made progress.",
-        lambda s, d: s.progress.last_progress_at if s.progress else None,
+        lambda s, m: s.progress.last_progress_at if s.progress else None,
     ),
 )
 
@@ -265,13 +267,13 @@ class TriageCollector(Collector):
                 continue
             ev = t.view.evaluation
             for model, s in sorted(ev.signals.items()):
-                d = ev.diagnoses[model]
+                measured = ev.measurements.get(model, {})
                 for qfam, qget in quantiles:
                     value = _q(qget(s))
                     if value is not None:
                         qfam.add_metric((t.name, label_value(model)), value)
                 for fam, (_, _, get) in zip(families, _SIGNALS, strict=True):
-                    value = get(s, d)
+                    value = get(s, measured)
                     if value is not None:
                         fam.add_metric((t.name, label_value(model)), value)
         yield from (fam for fam, _ in quantiles)
@@ -295,13 +297,14 @@ class TriageCollector(Collector):
         for t in targets:
             if not t.up or t.view is None:
                 continue
-            for model, d in sorted(t.view.evaluation.diagnoses.items()):
-                ev = d.evidence
+            evaluation = t.view.evaluation
+            for model, d in sorted(evaluation.diagnoses.items()):
+                measured = evaluation.measurements.get(model, {})
                 for part, key in ROOFLINE_PARTS:
-                    value = _num(ev.get(key))
+                    value = measured.get(key)
                     if value is not None:
                         parts.add_metric((t.name, model, part), value)
-                bound = ev.get("decode_bound_by")
+                bound = d.evidence.get("decode_bound_by")
                 if isinstance(bound, str):
                     for resource in RESOURCES:
                         binding.add_metric((t.name, model, resource), float(resource == bound))

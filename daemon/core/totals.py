@@ -1,11 +1,11 @@
-"""A sliding window over one target's snapshots, and the signals computed from it.
+"""The window of one target's snapshots, and what it accumulates: counter increases,
+histogram bucket deltas, gauge statistics and the engine's progress (``WindowTotals``).
 
-Percentiles come from bucket *deltas* inside the window (what
-``histogram_quantile(q, increase(x_bucket[60s]))`` gives), means from delta-sum over
-delta-count, rates from counter deltas over the window's span, gauges as the mean and
-max of the window's samples. Deltas are taken pairwise between consecutive snapshots
-when a snapshot arrives, so a counter reset (a restarted vLLM) inside the window counts
-from zero instead of producing a negative rate, and is paid for once, not per evaluation.
+Deltas are taken pairwise between consecutive snapshots when a snapshot arrives, so a
+counter reset (a restarted vLLM) inside the window counts from zero instead of producing
+a negative rate, and is paid for once, not per evaluation. Reading the totals as
+percentiles, means and rates is ``signals.py``'s job, kept apart because fleet mode gets
+its totals from Prometheus instead of from this window.
 
 Progress (is the engine stepping at all?) is tracked beside the window, per model, and
 outlives it: a hung engine can stay frozen for longer than the window is long, and the
@@ -19,24 +19,18 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from vllm_triage.core.histogram import (
-    bucket_quantile,
-    counter_delta,
-    histogram_add,
-    histogram_delta,
-    observations,
-)
+from vllm_triage.core.histogram import counter_delta, histogram_add, histogram_delta
 from vllm_triage.core.model import (
     GaugeStats,
     Histogram,
     ModelSeries,
     Progress,
-    Quantile,
     Signals,
     Snapshot,
     WindowTotals,
 )
 from vllm_triage.core.names import COUNTER_FIELDS, HISTOGRAM_FIELDS
+from vllm_triage.core.signals import signals_from_totals
 
 #: The series vLLM writes only when its engine completes a step (docs/physics.md,
 #: "stalled"): token and step counters, the TTFT and ITL observation counts, and the
@@ -129,7 +123,7 @@ def _window_deltas(
     When every step has a plain delta for a field (no reset, no layout change, the model
     present throughout), the sum of the steps telescopes to newest minus first: one
     subtraction instead of one per step. Otherwise the steps are summed one by one, which
-    handles resets and gaps. ``tests/test_window.py`` checks that both paths agree.
+    handles resets and gaps. ``tests/test_totals.py`` checks that both paths agree.
     """
     counters: dict[str, float] = {}
     hists: dict[str, Histogram] = {}
@@ -194,72 +188,12 @@ def _sum_steps(
                 layout_changed.add(name)
 
 
-#: counter field -> the rate it gives, per second of the window's span.
-_RATES = {
-    "preemptions": "preemptions_per_second",
-    "prompt_tokens": "prompt_tokens_per_second",
-    "generation_tokens": "generation_tokens_per_second",
-}
-#: histogram field -> the mean (delta sum / delta count) it gives.
-_MEANS = {
-    "queue_time": "queue_time_mean",
-    "prefill_time": "prefill_time_mean",
-    "decode_time": "decode_time_mean",
-    "prompt_length": "mean_prompt_tokens",
-    "generation_length": "mean_generation_tokens",
-}
-
-
 def _gauge(values: list[float | None]) -> GaugeStats:
     """Mean, max and min of one gauge's samples in the window (None when never exposed)."""
     seen = [v for v in values if v is not None]
     if not seen:
         return GaugeStats()
     return GaugeStats(sum(seen) / len(seen), max(seen), min(seen))
-
-
-@dataclass(frozen=True, slots=True)
-class _Latency:
-    """A latency histogram's share of the signals: observations, mean and quantiles."""
-
-    count: float = 0.0
-    mean: float | None = None
-    quantiles: dict[float, Quantile | None] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class _EngineSteps:
-    """What the window says about engine steps: tokens per step (``iteration_tokens``)
-    and speculative decoding's drafts, from their window increases."""
-
-    histogram: Histogram | None = None
-    tokens_mean: float | None = None
-    count: float = 0.0
-    drafts: float | None = None
-    draft_tokens: float | None = None
-    accepted: float | None = None
-    tokens_per_step: float = 1.0
-
-    @classmethod
-    def of(cls, counters: dict[str, float], iteration: Histogram | None) -> _EngineSteps:
-        drafts = counters.get("spec_drafts")
-        accepted = counters.get("spec_accepted_tokens")
-        per_step = 1.0
-        if drafts and accepted is not None:
-            per_step = 1.0 + accepted / drafts
-        return cls(
-            histogram=iteration,
-            tokens_mean=(
-                iteration.sum / iteration.count
-                if iteration is not None and iteration.count > 0
-                else None
-            ),
-            count=iteration.count if iteration is not None else 0.0,
-            drafts=drafts,
-            draft_tokens=counters.get("spec_draft_tokens"),
-            accepted=accepted,
-            tokens_per_step=per_step,
-        )
 
 
 class Window:
@@ -409,126 +343,3 @@ class Window:
             layout_changed=frozenset(layout_changed),
             progress=progress,
         )
-
-
-def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
-    """A window's totals read as signals: rates over the span, means of deltas,
-    quantiles of bucket deltas (``None`` fields say why in ``missing``).
-
-    The one place both the sidecar's window and fleet mode's Prometheus totals become
-    ``Signals``.
-    """
-    span = t.span_seconds
-    missing: dict[str, str] = {}
-    for key, gauge in (
-        ("running_mean", t.running),
-        ("waiting_mean", t.waiting),
-        ("kv_usage_mean", t.kv_usage),
-    ):
-        if gauge.mean is None:
-            missing[key] = "not exposed by this vLLM"
-    counters, hists = t.counters, t.histograms
-    rates: dict[str, float | None] = dict.fromkeys(_RATES.values())
-    ttft = itl = _Latency()
-    means: dict[str, float | None] = dict.fromkeys(_MEANS.values())
-    prefill_share: float | None = None
-    if span <= 0:
-        reason = "not enough data: one snapshot in the window, rates need two"
-        for name in (*_RATES.values(), "ttft_p99", "itl_p99"):
-            missing[name] = reason
-    else:
-        for name, key in _RATES.items():
-            if name in counters:
-                rates[key] = counters[name] / span
-            else:
-                missing[key] = "not exposed by this vLLM"
-        ttft, why = _latency(hists.get("ttft"), (0.5, 0.9, 0.99), span, min_observations)
-        if why is not None:
-            missing["ttft_p99"] = why
-        itl, why = _latency(hists.get("itl"), (0.5, 0.99), span, min_observations)
-        if why is not None:
-            missing["itl_p99"] = why
-        for name, key in _MEANS.items():
-            found = hists.get(name)
-            if found is None:
-                missing[key] = "not exposed by this vLLM"
-            elif found.count > 0:
-                means[key] = found.sum / found.count
-            else:
-                missing[key] = "not enough data: no requests finished in the window"
-        pre, dec = hists.get("prefill_time"), hists.get("decode_time")
-        if pre is not None and dec is not None and pre.sum + dec.sum > 0:
-            prefill_share = pre.sum / (pre.sum + dec.sum)
-    for name in t.layout_changed:
-        missing[f"{name}_layout"] = "bucket bounds changed inside the window"
-    queued = hists.get("queue_time") if span > 0 else None
-    steps = _EngineSteps.of(dict(counters), hists.get("iteration_tokens") if span > 0 else None)
-    if t.progress is None:
-        missing["progress"] = t.progress_missing
-
-    return Signals(
-        model_name=t.model_name,
-        at=t.at,
-        span_seconds=span,
-        snapshots=t.snapshots,
-        ttft_p50=ttft.quantiles.get(0.5),
-        ttft_p90=ttft.quantiles.get(0.9),
-        ttft_p99=ttft.quantiles.get(0.99),
-        ttft_mean=ttft.mean,
-        ttft_count=ttft.count,
-        itl_p50=itl.quantiles.get(0.5),
-        itl_p99=itl.quantiles.get(0.99),
-        itl_mean=itl.mean,
-        itl_count=itl.count,
-        queue_time_mean=means["queue_time_mean"],
-        queue_time_count=queued.count if queued is not None else 0.0,
-        prefill_time_mean=means["prefill_time_mean"],
-        decode_time_mean=means["decode_time_mean"],
-        prefill_time_share=prefill_share,
-        running_mean=t.running.mean,
-        running_max=t.running.max,
-        waiting_mean=t.waiting.mean,
-        waiting_max=t.waiting.max,
-        waiting_min=t.waiting.min,
-        kv_usage_mean=t.kv_usage.mean,
-        kv_usage_max=t.kv_usage.max,
-        preemptions_per_second=rates["preemptions_per_second"],
-        prompt_tokens_per_second=rates["prompt_tokens_per_second"],
-        generation_tokens_per_second=rates["generation_tokens_per_second"],
-        mean_prompt_tokens=means["mean_prompt_tokens"],
-        mean_generation_tokens=means["mean_generation_tokens"],
-        # One ITL sample per request per engine step, and a step may emit several
-        # tokens under speculative decoding: the rate is tokens per step / step.
-        decode_tokens_per_second_per_stream=(
-            steps.tokens_per_step / itl.mean if itl.mean is not None and itl.mean > 0 else None
-        ),
-        kv_pool_tokens=t.kv_pool_tokens,
-        progress=t.progress,
-        missing=missing,
-        engines=t.engines,
-        iteration_tokens=steps.histogram,
-        iteration_tokens_mean=steps.tokens_mean,
-        running_busy_mean=t.running_busy_mean,
-        kv_usage_busy_mean=t.kv_usage_busy_mean,
-        iteration_steps=steps.count,
-        spec_drafts=steps.drafts,
-        spec_draft_tokens=steps.draft_tokens,
-        spec_accepted_tokens=steps.accepted,
-        decode_tokens_per_step=steps.tokens_per_step,
-        dram_active_mean=t.dram_active_mean,
-    )
-
-
-def _latency(
-    h: Histogram | None, qs: tuple[float, ...], span: float, min_observations: int
-) -> tuple[_Latency, str | None]:
-    """A latency histogram's observations, mean and quantiles, and why the quantiles are
-    missing (``None`` when they are not)."""
-    if h is None:
-        return _Latency(), "not exposed by this vLLM"
-    n = observations(h)
-    mean = h.sum / h.count if h.count > 0 else None
-    if n < min_observations:
-        why = f"not enough data: {n:g} observations in {span:g} s (need {min_observations})"
-        return _Latency(count=n, mean=mean), why
-    return _Latency(count=n, mean=mean, quantiles={q: bucket_quantile(q, h) for q in qs}), None
