@@ -243,11 +243,11 @@ def test_the_tour_changes_cause_at_every_phase() -> None:
     assert result.problems == ()
 
 
-def test_the_readme_example_is_what_replay_prints(tmp_path: Path) -> None:
-    """The README's cause-change example, run as it says (its config, then simulate and
+def test_the_documented_example_is_what_replay_prints(tmp_path: Path) -> None:
+    """The cause-change example of docs/operations.md, run as it says (its config, then simulate and
     replay, the installed command): every line it shows in full is a line replay prints."""
-    readme = (HERE.parent / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("### Cause changes and contributing causes") :]
+    doc = (HERE.parent / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Cause changes and contributing causes") :]
     config = re.search(r"cat > steady.yaml <<'YAML'\n(.*?)\nYAML\n", section, re.S)
     assert config is not None
     (tmp_path / "steady.yaml").write_text(config.group(1), encoding="utf-8")

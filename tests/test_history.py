@@ -88,8 +88,9 @@ class TestHistory:
         assert list(h.windows(since=0.0)) == ["a"]
 
     def test_the_stated_bound(self) -> None:
-        """The README's figure: one model, a 5 s interval, the panels' keys: about 50 KB,
-        and the same after days of evaluations as after the first."""
+        """The figure docs/operations.md states for the status page: one model, a 5 s
+        interval, the panels' keys: about 50 KB, and the same after days of evaluations
+        as after the first."""
         spec = load_spec()
         h = History.for_interval(spec.measured_keys, history_seconds=3600, interval_seconds=5)
         settings = load_settings()

@@ -205,7 +205,7 @@ class TestValidate:
 #: sidecar's own exit after its delivery grace, with slack.
 VLLM_EXIT_S = 5
 SIDECAR_EXIT_S = 5
-#: The sidecar's memory ceiling, derived from the daemon's bounds (README, "Deploy"):
+#: The sidecar's memory ceiling, derived from the daemon's bounds (docs/deploy.md):
 #: peak RSS under the largest scrape the defaults allow (bench/bench_peak_rss.py), a full
 #: delivery queue per receiver, SQLite's page cache; budgeted for this many receivers.
 PEAK_RSS_MB = 159
@@ -316,7 +316,7 @@ class TestSidecar:
         ceiling_mb = PEAK_RSS_MB + RECEIVERS_BUDGETED * QUEUE_MB_PER_RECEIVER + STORE_CACHE_MB
         limit_mb = mebibytes(res["limits"]["memory"]) * 2**20 / 1e6
         assert limit_mb >= 1.2 * ceiling_mb
-        # The request covers one daemon with one ordinary target (52 MB, README).
+        # The request covers one daemon with one ordinary target (52 MB, docs/deploy.md).
         assert mebibytes(res["requests"]["memory"]) * 2**20 >= 52e6
         assert res["requests"]["cpu"].endswith("m") and res["limits"]["cpu"].endswith("m")
         assert int(res["limits"]["cpu"][:-1]) > int(res["requests"]["cpu"][:-1])
@@ -436,7 +436,7 @@ class TestWorkloadAndService:
 FLEET = KDIR / "fleet"
 FLEET_CORE = ("configmap.yaml", "service.yaml", "statefulset.yaml")
 #: The fleet daemon's peak resident memory at 2,000 servers (bench/bench_fleet.py,
-#: README "Speed and memory"), what its memory limit is held to.
+#: docs/benchmarks.md), what its memory limit is held to.
 FLEET_RSS_MB_AT_2000 = 152
 
 
