@@ -44,8 +44,10 @@ _MEMORY_LOW_OF_GB = 0.97
 #: What vLLM's profile run keeps out of the pool besides the weights: peak activations of
 #: a max_num_batched_tokens forward pass and of the sampler over max_num_seqs requests,
 #: CUDA graphs and buffers outside PyTorch (NCCL, cuBLAS workspaces). It depends on those
-#: settings and the vocabulary more than on the model's size; vLLM picks larger batch
-#: defaults on larger cards, so the reserve is a constant plus a share of the card.
+#: settings and the vocabulary more than on the model's size, and vLLM's API server picks
+#: larger defaults on cards of 70 GiB or more other than the A100 (1,024 sequences, 8,192
+#: batched tokens, against 256 and 2,048), so the reserve is a constant plus a share of the
+#: card.
 #: Measured: about 1.2 GB on an A100 80GB (8B model, vLLM's smaller defaults), 4.4-7.9 GiB
 #: on an H100 80GB (0.6B-32B models at 1,024 sequences, 8,192 batched tokens).
 _RESERVE_NOMINAL = (0.5 * GIB, 0.03)

@@ -271,3 +271,16 @@ def test_the_estimate_is_the_last_resort() -> None:
     )
     assert got is not None and got.source == SOURCE_POOL_ESTIMATE
     assert kv_bytes_per_token(cfg) is None
+
+
+def test_the_worked_example_of_physics_md() -> None:
+    """docs/physics.md, "Where each fact comes from", quotes these figures."""
+    cfg = parse_cache_config(cache_labels(FIXTURES / "vllm" / "kvwarden-vllm-0.19.1-v1.txt"))
+    got = estimate_from_pool(cfg, memory_gb=80, weight_bytes_per_gpu=16.06e9)
+    assert got is not None
+    assert (round(got.value, -2), round(got.low, -2), round(got.high, -2)) == (
+        116500,
+        41700,
+        139200,
+    )
+    assert "3.09 GB reserve" in got.detail
