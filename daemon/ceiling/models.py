@@ -81,16 +81,18 @@ def _reduce(name: str, table: ModelTable) -> _Reduced:
 
 
 @dataclass(frozen=True, slots=True)
-class _Index:
+class ModelIndex:
+    """A model table's rows by lower-case id, by name without organisation, and by stem."""
+
     ids: dict[str, ModelRow]
     names: dict[str, ModelRow]
     stems: dict[str, ModelRow]
 
 
-def build_index(table: ModelTable, source: str = bundled_path("models.yaml")) -> _Index:
+def build_index(table: ModelTable, source: str = bundled_path("models.yaml")) -> ModelIndex:
     """Every id, name (the id without its organisation) and stem of every row and alias;
     one that two rows share is ambiguous, so the table is refused."""
-    index = _Index({}, {}, {})
+    index = ModelIndex({}, {}, {})
     for row in table.rows:
         for full in (row.id, *row.aliases):
             name = full.rsplit("/", 1)[-1]
@@ -106,7 +108,7 @@ def build_index(table: ModelTable, source: str = bundled_path("models.yaml")) ->
 
 
 @functools.cache
-def _index() -> _Index:
+def _index() -> ModelIndex:
     return build_index(load_model_table())
 
 
