@@ -29,7 +29,10 @@ class GPU:
 
     ``memory_bandwidth_gb_s`` is in decimal GB/s (1e9 bytes/s) per device, as vendors
     publish it; ``bf16_dense_tflops`` (dense, no sparsity) is for prefill estimates and the compute
-    side of the decode step roofline.
+    side of the decode step roofline. ``fp8_dense_tflops`` is the dense FP8 peak where one is
+    published; ``memory_gb`` the memory the card is sold with, in the vendor's "GB" (binary
+    for most HBM parts, decimal for some: ``rules/gpus.yaml`` says which), for estimating
+    vLLM's KV pool.
     """
 
     name: str
@@ -38,6 +41,8 @@ class GPU:
     aliases: tuple[str, ...] = ()
     bf16_dense_tflops: float | None = None
     note: str = ""
+    fp8_dense_tflops: float | None = None
+    memory_gb: float | None = None
 
 
 class _GPUEntry(BaseModel):
@@ -50,6 +55,8 @@ class _GPUEntry(BaseModel):
     memory_bandwidth_gb_s: float = Field(gt=0, allow_inf_nan=False)
     source: str = Field(min_length=1)
     bf16_dense_tflops: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    fp8_dense_tflops: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    memory_gb: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     note: str = ""
 
 
@@ -116,6 +123,8 @@ def parse_gpu_table(data: Any, *, source: str = bundled_path(GPU_TABLE)) -> tupl
             aliases=tuple(e.aliases),
             bf16_dense_tflops=e.bf16_dense_tflops,
             note=e.note,
+            fp8_dense_tflops=e.fp8_dense_tflops,
+            memory_gb=e.memory_gb,
         )
         for e in table.gpus
     )
