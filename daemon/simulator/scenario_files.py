@@ -25,8 +25,8 @@ from vllm_triage.ceiling.gpus import find_gpu
 from vllm_triage.ceiling.sizing import bytes_per_param
 from vllm_triage.errors import ConfigError
 from vllm_triage.rules import bundled_path, list_bundled, read_bundled, read_file
-from vllm_triage.simulator.engine import ServerSpec, Workload
 from vllm_triage.simulator.scenarios import LLAMA_8B, Expectation, Phase, Scenario, server_spec
+from vllm_triage.simulator.spec import ServerSpec, Workload
 
 FOLDER = "scenarios"
 

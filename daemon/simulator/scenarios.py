@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from vllm_triage.ceiling.gpus import find_gpu
 from vllm_triage.ceiling.sizing import bytes_per_param
-from vllm_triage.simulator.engine import ServerSpec, Workload
+from vllm_triage.simulator.spec import ServerSpec, Workload
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 
