@@ -22,6 +22,9 @@ for a peer that never comes: it stops stepping, the step in flight finishes only
 ``resume``, requests keep arriving, and what a scrape sees is frozen at the last update
 (vLLM writes its gauges and counters only when a step completes).
 
+The other faults of a deployed server (sleep, aborts, stale gauges, a counter reset) are
+in ``faults``; ``simulation`` applies them by phase.
+
 The step lasts ``step_overhead + max(compute, memory)``: compute is 2 x parameters FLOPs
 per token plus the attention term 4 x layers x hidden per (query, key) pair, at
 ``compute_efficiency`` x the card's dense bf16 rate; memory is every weight plus the KV of
@@ -55,6 +58,7 @@ import math
 import random
 from collections import deque
 
+from vllm_triage.simulator.faults import EngineFaults
 from vllm_triage.simulator.spec import Arrival, ServerSpec, SizeDistribution, Workload
 from vllm_triage.simulator.stats import EngineStats, RequestRecord
 from vllm_triage.simulator.step import Request, Step, experts_read, step_floor
@@ -62,7 +66,7 @@ from vllm_triage.simulator.step import Request, Step, experts_read, step_floor
 __all__ = ["Arrival", "Engine", "ServerSpec", "SizeDistribution", "Workload"]
 
 
-class Engine:
+class Engine(EngineFaults):
     """One vLLM engine in virtual time: ``submit`` arrivals, ``advance_to`` an instant, read.
 
     At the instant of the last ``advance_to`` the gauges (``num_running``, ``num_waiting``,
@@ -90,6 +94,13 @@ class Engine:
         self._rng = random.Random("vllm-triage/engine")
         #: While hung: when it hung, and the gauges as they were then.
         self._hung: tuple[float, int, int, float] | None = None
+        #: 0 awake, else the sleep level; and a sleep asked for, taken after the step.
+        self.sleep_level = 0
+        self._sleep_asked = 0
+        #: The gauges as they were when the engine fell asleep, or when they went stale.
+        self._asleep: tuple[int, int, float] | None = None
+        self._stale: tuple[int, int, float] | None = None
+        self._abort_asked = 0.0  # the share of requests to abort after the step in flight
 
     @property
     def now(self) -> float:
@@ -104,21 +115,41 @@ class Engine:
     def num_running(self) -> int:
         if self._hung is not None:
             return self._hung[1]
-        return len(self._running)
+        frozen = self._asleep or self._stale
+        return len(self._running) if frozen is None else frozen[0]
 
     @property
     def num_waiting(self) -> int:
         if self._hung is not None:
             return self._hung[2]
-        arrived = sum(1 for r in self._pending if r.arrival <= self._horizon)
-        return len(self._waiting) + arrived
+        frozen = self._asleep or self._stale
+        return self._queued() if frozen is None else frozen[1]
 
     @property
     def kv_usage(self) -> float:
         """Used blocks / all blocks, as ``vllm:kv_cache_usage_perc`` (a fraction, not %)."""
         if self._hung is not None:
             return self._hung[3]
-        return 1.0 - self._free_blocks / self.spec.num_gpu_blocks
+        frozen = self._asleep or self._stale
+        return 1.0 - self._free_blocks / self.spec.num_gpu_blocks if frozen is None else frozen[2]
+
+    def _gauges(self) -> tuple[int, int, float]:
+        return self.num_running, self.num_waiting, self.kv_usage
+
+    def _queued(self) -> int:
+        arrived = sum(1 for r in self._pending if r.arrival <= self._horizon)
+        return len(self._waiting) + arrived
+
+    @property
+    def published_load(self) -> tuple[int, int]:
+        """(waiting, running) as the engine last reported them to the API server's load
+        balancer: its real queue while it steps (stale gauges or not, the scheduler's
+        counts are right), what it last said while hung or asleep."""
+        if self._hung is not None:
+            return self._hung[2], self._hung[1]
+        if self._asleep is not None:
+            return self._asleep[1], self._asleep[0]
+        return self._queued(), len(self._running)
 
     def hang(self) -> None:
         """Stop stepping at ``now``: gauges and counters stay as they are until ``resume``."""
@@ -165,7 +196,7 @@ class Engine:
         """Run every step that starts before ``t``; steps that end by ``t`` produce tokens."""
         if t < self._horizon:
             raise ValueError(f"time runs forward: {t} < {self._horizon}")
-        while self._hung is None:
+        while self._hung is None and not self.asleep:
             step = self._inflight
             if step is not None:
                 if step.end > t:
@@ -173,6 +204,11 @@ class Engine:
                 self._inflight = None
                 self._commit(step)
                 self._now = step.end
+                if self._abort_asked:
+                    self._apply_abort(self._now)
+                if self._sleep_asked:
+                    self._fall_asleep()
+                    break
             if self._next_spec is not None:
                 self._apply_spec(self._next_spec)
             while self._pending and self._pending[0].arrival <= self._now:

@@ -66,8 +66,11 @@ def _tokens() -> Histogram:
 
 @dataclass(slots=True)
 class EngineStats:
-    """What vLLM counts, cumulative since the engine started (counters never go down)."""
+    """What vLLM counts, cumulative since ``created_s`` (the engine's start, or the last
+    in-process reset): counters never go down in between."""
 
+    #: Virtual seconds when these counters were created (``_created`` in /metrics).
+    created_s: float = 0.0
     preemptions: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
