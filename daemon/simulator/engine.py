@@ -406,6 +406,7 @@ class Engine(EngineFaults):
                     req.preemptions,
                     req.reason,
                     tuple(req.itl),
+                    req.sent,
                 )
             )
         return True
