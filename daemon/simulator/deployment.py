@@ -32,6 +32,11 @@ def _clients(scenario: Scenario, part: int, parts: int) -> Iterator[tuple[Arriva
         start = end
 
 
+def _catch_up(engine: Engine, start: float) -> None:
+    """Step ``engine`` to a phase's ``start`` before changing it (not back in time)."""
+    engine.advance_to(max(start, engine.now))
+
+
 class Deployment:
     """A scenario's server: ``data_parallel_size`` engines behind one API server.
 
@@ -119,32 +124,28 @@ class Deployment:
         for rank, engine in enumerate(self.engines):
             was, now = self._states[rank], phase.engine(rank)
             self._states[rank] = now
-
-            def catch_up(engine: Engine = engine) -> None:
-                engine.advance_to(max(start, engine.now))
-
             if spec != self._specs[rank]:
-                catch_up()
+                _catch_up(engine, start)
                 engine.reconfigure(spec)
                 self._specs[rank] = spec
             if now.hang != engine.hung:
-                catch_up()
+                _catch_up(engine, start)
                 if now.hang:
                     engine.hang()
                 else:
                     engine.resume()
             if phase.reset_counters:
-                catch_up()
+                _catch_up(engine, start)
                 engine.reset_stats()
             if now.stale_gauges != was.stale_gauges:
-                catch_up()
+                _catch_up(engine, start)
                 if now.stale_gauges:
                     engine.freeze_gauges()
                 else:
                     engine.thaw_gauges()
             if now.abort_fraction > 0:
-                catch_up()
+                _catch_up(engine, start)
                 engine.abort(now.abort_fraction)
             if now.sleep_level != was.sleep_level:
-                catch_up()
+                _catch_up(engine, start)
                 engine.sleep(now.sleep_level)
