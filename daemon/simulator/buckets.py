@@ -58,3 +58,9 @@ def build_1_2_5_buckets(max_value: int) -> tuple[float, ...]:
 
 
 TOKENS_GRID: tuple[float, ...] = build_1_2_5_buckets(TOKENS_GRID_MAX)
+
+#: ``vllm:request_render_duration_seconds`` (0.34): 0.1 ms to 10 s.
+RENDER_V034: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip

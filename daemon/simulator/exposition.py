@@ -13,58 +13,25 @@ name, which is why ``le`` sits between ``engine`` and ``model_name``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from vllm_triage.simulator import buckets
+from vllm_triage.simulator.deployed_families import SleepGauge, render_frontends
 from vllm_triage.simulator.engine import Engine
+from vllm_triage.simulator.frontend import FrontendStats
 from vllm_triage.simulator.stats import FINISHED_REASONS, Histogram
+from vllm_triage.simulator.textformat import (
+    Labels,
+    Naming,
+    Series,
+    created,
+    format_value,
+    header,
+    sample,
+)
 
-Naming = Literal["v0", "v1"]
-Labels = dict[str, str]
-
-
-def format_value(value: float) -> str:
-    """A sample value as prometheus_client writes it (its ``floatToGoString``).
-
-    Python's ``repr`` of the float (``917.0``, ``0.0026``), except Go's earlier switch to
-    exponents for large numbers (``1.777757996204056e+09``) and ``+Inf``/``-Inf``/``NaN``.
-    """
-    value = float(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    text = repr(value)
-    dot = text.find(".")
-    if value > 0 and dot > 6:
-        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
-        return f"{mantissa}e+0{dot - 1}"
-    return text
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _sample(name: str, labels: Labels, value: float) -> str:
-    if not labels:
-        return f"{name} {format_value(value)}\n"
-    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
-    return f"{name}{{{inner}}} {format_value(value)}\n"
-
-
-def _header(name: str, help_text: str, kind: str) -> str:
-    return f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n"
-
-
-@dataclass(frozen=True, slots=True)
-class _Series:
-    """One engine of one model, with its identifying labels."""
-
-    labels: Labels
-    engine: Engine
+__all__ = ["V0_FAMILIES", "V1_FAMILIES", "Naming", "format_value", "render"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,17 +40,9 @@ class _Gauge:
     help: str
     value: Callable[[Engine], float]
 
-    def render(self, series: Sequence[_Series], naming: Naming, created_at: float) -> str:
-        samples = "".join(_sample(self.name, s.labels, self.value(s.engine)) for s in series)
-        return _header(self.name, self.help, "gauge") + samples
-
-
-def _created(base: str, help_text: str, labels: Iterable[Labels], created_at: float) -> str:
-    """The ``<base>_created`` gauge family prometheus_client >= 0.12 adds in text 0.0.4."""
-    name = f"{base}_created"
-    return _header(name, help_text, "gauge") + "".join(
-        _sample(name, lab, created_at) for lab in labels
-    )
+    def render(self, series: Sequence[Series], naming: Naming, created_at: float) -> str:
+        samples = "".join(sample(self.name, s.labels, self.value(s.engine)) for s in series)
+        return header(self.name, self.help, "gauge") + samples
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +51,13 @@ class _Counter:
     help: str
     value: Callable[[Engine], float]
 
-    def render(self, series: Sequence[_Series], naming: Naming, created_at: float) -> str:
+    def render(self, series: Sequence[Series], naming: Naming, created_at: float) -> str:
         name = f"{self.base}_total"
-        out = _header(name, self.help, "counter")
-        out += "".join(_sample(name, s.labels, self.value(s.engine)) for s in series)
+        out = header(name, self.help, "counter")
+        out += "".join(sample(name, s.labels, self.value(s.engine)) for s in series)
         if naming == "v1":
-            out += _created(self.base, self.help, (s.labels for s in series), created_at)
+            rows = ((s.labels, s.created(created_at)) for s in series)
+            out += created(self.base, self.help, rows)
         return out
 
 
@@ -110,18 +70,18 @@ class _SuccessCounter:
 
     help: str = "Count of successfully processed requests."
 
-    def render(self, series: Sequence[_Series], naming: Naming, created_at: float) -> str:
+    def render(self, series: Sequence[Series], naming: Naming, created_at: float) -> str:
         base = "vllm:request_success"
         rows = [
-            ({**s.labels, "finished_reason": reason}, s.engine.stats.finished[reason])
+            ({**s.labels, "finished_reason": reason}, s.engine.stats.finished[reason], s)
             for s in series
             for reason in FINISHED_REASONS
             if naming == "v1" or s.engine.stats.finished[reason] > 0
         ]
-        out = _header(f"{base}_total", self.help, "counter")
-        out += "".join(_sample(f"{base}_total", lab, v) for lab, v in rows)
+        out = header(f"{base}_total", self.help, "counter")
+        out += "".join(sample(f"{base}_total", lab, v) for lab, v, _ in rows)
         if naming == "v1":
-            out += _created(base, self.help, (lab for lab, _ in rows), created_at)
+            out += created(base, self.help, ((lab, s.created(created_at)) for lab, _, s in rows))
         return out
 
 
@@ -132,22 +92,22 @@ class _Histogram:
     data: Callable[[Engine], Histogram]
     bounds: Callable[[Engine], tuple[float, ...]]
 
-    def render(self, series: Sequence[_Series], naming: Naming, created_at: float) -> str:
-        out = _header(self.name, self.help, "histogram")
-        shown: list[Labels] = []
+    def render(self, series: Sequence[Series], naming: Naming, created_at: float) -> str:
+        out = header(self.name, self.help, "histogram")
+        shown: list[tuple[Labels, float]] = []
         for s in series:
             hist = self.data(s.engine)
             if naming == "v0" and hist.count == 0:
                 continue  # V0 creates a histogram's child at its first observation
-            shown.append(s.labels)
+            shown.append((s.labels, s.created(created_at)))
             bounds = self.bounds(s.engine)
             for bound, count in zip((*bounds, math.inf), hist.cumulative(bounds), strict=True):
                 labels = {**s.labels, "le": format_value(bound)}
-                out += _sample(f"{self.name}_bucket", labels, count)
-            out += _sample(f"{self.name}_count", s.labels, hist.count)
-            out += _sample(f"{self.name}_sum", s.labels, hist.sum)
+                out += sample(f"{self.name}_bucket", labels, count)
+            out += sample(f"{self.name}_count", s.labels, hist.count)
+            out += sample(f"{self.name}_sum", s.labels, hist.sum)
         if naming == "v1":
-            out += _created(self.name, self.help, shown, created_at)
+            out += created(self.name, self.help, shown)
         return out
 
 
@@ -161,22 +121,24 @@ class _SpecCounter:
     value: Callable[[Engine], float]
     per_position: bool = False
 
-    def render(self, series: Sequence[_Series], naming: Naming, created_at: float) -> str:
+    def render(self, series: Sequence[Series], naming: Naming, created_at: float) -> str:
         drafting = [s for s in series if s.engine.spec.num_speculative_tokens > 0]
         if not drafting:
             return ""
-        rows: list[tuple[Labels, float]] = []
+        rows: list[tuple[Labels, float, float]] = []
         for s in drafting:
+            at = s.created(created_at)
             if not self.per_position:
-                rows.append((s.labels, self.value(s.engine)))
+                rows.append((s.labels, self.value(s.engine), at))
                 continue
             counts = s.engine.stats.spec_accepted_per_position
             for position in range(s.engine.spec.num_speculative_tokens):
-                rows.append(({**s.labels, "position": str(position)}, counts.get(position, 0)))
+                labels = {**s.labels, "position": str(position)}
+                rows.append((labels, counts.get(position, 0), at))
         name = f"{self.base}_total"
-        out = _header(name, self.help, "counter")
-        out += "".join(_sample(name, lab, v) for lab, v in rows)
-        return out + _created(self.base, self.help, (lab for lab, _ in rows), created_at)
+        out = header(name, self.help, "counter")
+        out += "".join(sample(name, lab, v) for lab, v, _ in rows)
+        return out + created(self.base, self.help, ((lab, at) for lab, _, at in rows))
 
 
 def _config_v1(engine: Engine, index: str) -> Labels:
@@ -249,14 +211,14 @@ class _CacheConfig:
     help: str
     labels: Callable[[Engine, str], Labels]
 
-    def render(self, series: Sequence[_Series], naming: Naming, created_at: float) -> str:
+    def render(self, series: Sequence[Series], naming: Naming, created_at: float) -> str:
         rows: list[Labels] = []
         for s in series:
             labels = self.labels(s.engine, s.labels.get("engine", ""))
             if labels not in rows:  # several models on one engine index: one series each
                 rows.append(labels)
         name = "vllm:cache_config_info"
-        return _header(name, self.help, "gauge") + "".join(_sample(name, r, 1.0) for r in rows)
+        return header(name, self.help, "gauge") + "".join(sample(name, r, 1.0) for r in rows)
 
 
 def _token_bounds(engine: Engine) -> tuple[float, ...]:
@@ -267,7 +229,9 @@ def _fixed(bounds: tuple[float, ...]) -> Callable[[Engine], tuple[float, ...]]:
     return lambda _engine: bounds
 
 
-_Family = _Gauge | _Counter | _SuccessCounter | _Histogram | _CacheConfig | _SpecCounter
+_Family = (
+    _Gauge | _Counter | _SuccessCounter | _Histogram | _CacheConfig | _SpecCounter | SleepGauge
+)
 
 _PROMPT_HELP = "Number of prefill tokens processed."
 _GENERATION_HELP = "Number of generation tokens processed."
@@ -324,6 +288,7 @@ _TOKEN_HISTOGRAMS: tuple[_Family, ...] = (
 V1_FAMILIES: tuple[_Family, ...] = (
     _Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", _running),
     _Gauge("vllm:num_requests_waiting", _WAITING_HELP, _waiting),
+    SleepGauge(),  # only on servers with sleep mode
     _Gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", _kv),
     # vLLM's SpecDecodingProm (vllm/v1/spec_decode/metrics.py), only with speculative decoding.
     _SpecCounter(
@@ -432,18 +397,24 @@ V0_FAMILIES: tuple[_Family, ...] = (
 
 
 def render(
-    series: Sequence[tuple[str, Engine]], *, created_at: float, naming: Naming = "v1"
+    series: Sequence[tuple[str, Engine]],
+    *,
+    created_at: float,
+    naming: Naming = "v1",
+    frontends: Sequence[tuple[str, FrontendStats]] = (),
 ) -> str:
     """The ``/metrics`` body for ``(model_name, engine)`` pairs at their engines' instant.
 
     A model listed several times is one data-parallel deployment: its engines are
     labelled ``engine="0"``, ``"1"``, ... in list order (V1 only; V0 had no engine
     label, so it allows one engine per model). ``created_at`` is the unix time the
-    engines started, written into V1's ``_created`` gauges.
+    engines started, written into V1's ``_created`` gauges (plus an engine's
+    ``stats.created_s`` after an in-process reset). ``frontends`` are the models' API
+    servers, whose render histogram comes last (V1 only, once observed).
     """
     if naming not in ("v0", "v1"):
         raise ValueError(f"naming must be 'v0' or 'v1', not {naming!r}")
-    labelled: list[_Series] = []
+    labelled: list[Series] = []
     per_model: dict[str, int] = {}
     for model_name, engine in series:
         index = per_model.get(model_name, 0)
@@ -451,8 +422,9 @@ def render(
         if naming == "v0":
             if index:
                 raise ValueError(f"V0 naming has no engine label: {model_name!r} listed twice")
-            labelled.append(_Series({"model_name": model_name}, engine))
+            labelled.append(Series({"model_name": model_name}, engine))
         else:
-            labelled.append(_Series({"engine": str(index), "model_name": model_name}, engine))
+            labelled.append(Series({"engine": str(index), "model_name": model_name}, engine))
     families = V1_FAMILIES if naming == "v1" else V0_FAMILIES
-    return "".join(f.render(labelled, naming, created_at) for f in families)
+    body = "".join(f.render(labelled, naming, created_at) for f in families)
+    return body + render_frontends(frontends, created_at, naming)

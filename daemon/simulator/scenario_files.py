@@ -9,7 +9,10 @@ simulate a different server than the one the user meant.
 
 A phase's ``server:`` holds only the keys that change for that phase; the others are the
 scenario's (a bandwidth or compute figure given for the scenario included), so "the
-same card with ``max_num_seqs: 16``" is one line.
+same card with ``max_num_seqs: 16``" is one line. How the server is deployed
+(``data_parallel_size``, ``api_server_count``, ``enable_sleep_mode``) is the scenario's
+alone; a phase's ``engines:`` says what single engines do in it (hang, sleep, abort,
+stale gauges), by rank.
 """
 
 from __future__ import annotations
@@ -25,8 +28,15 @@ from vllm_triage.ceiling.gpus import find_gpu
 from vllm_triage.ceiling.sizing import bytes_per_param
 from vllm_triage.errors import ConfigError
 from vllm_triage.rules import bundled_path, list_bundled, read_bundled, read_file
-from vllm_triage.simulator.engine import ServerSpec, Workload
-from vllm_triage.simulator.scenarios import LLAMA_8B, Expectation, Phase, Scenario, server_spec
+from vllm_triage.simulator.scenarios import (
+    LLAMA_8B,
+    EnginePhase,
+    Expectation,
+    Phase,
+    Scenario,
+    server_spec,
+)
+from vllm_triage.simulator.spec import ServerSpec, Workload
 
 FOLDER = "scenarios"
 
@@ -71,6 +81,12 @@ class ServerFields(_Strict):
     draft_acceptance: float | None = Field(default=None, ge=0, lt=1)
     draft_parameters_billion: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     draft_kv_bytes_per_token: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    # Deployment: engines behind one API server, its processes, sleep mode, render costs.
+    data_parallel_size: int | None = Field(default=None, ge=1)
+    api_server_count: int | None = Field(default=None, ge=1)
+    enable_sleep_mode: bool | None = None
+    render_overhead_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    render_s_per_token: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class WorkloadFields(_Strict):
@@ -84,6 +100,20 @@ class WorkloadFields(_Strict):
     burst: int | None = Field(default=None, ge=0)
     stop_fraction: float | None = Field(default=None, ge=0, le=1)
     seed: int | None = None
+    request_type: Literal["chat", "completion"] | None = None
+
+
+class EngineFields(_Strict):
+    """One entry of a phase's ``engines:``: what the engine of ``rank`` does then."""
+
+    rank: int = Field(ge=0)
+    hang: bool = False
+    #: 1: weights offloaded, 2: weights discarded (needs ``enable_sleep_mode``).
+    sleep_level: Literal[0, 1, 2] = 0
+    #: At the phase's start, clients abort this share of the engine's requests.
+    abort_fraction: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
+    #: The running, waiting and KV gauges keep their values while the engine serves on.
+    stale_gauges: bool = False
 
 
 class PhaseFields(_Strict):
@@ -93,6 +123,9 @@ class PhaseFields(_Strict):
     hang: bool = False
     #: What the diagnosis should say during this phase (the demo checks it).
     expect: Expectation | None = None
+    #: Every counter and histogram starts again from 0 at the phase's start, in process.
+    reset_counters: bool = False
+    engines: list[EngineFields] = Field(default_factory=list)
     workload: WorkloadFields
     server: ServerFields | None = None
 
@@ -113,6 +146,8 @@ class ScenarioFields(_Strict):
 
 
 _REQUIRED = ("gpu", "num_gpu_blocks", "max_num_batched_tokens", "max_model_len")
+#: The server's deployment: set for the scenario, never by a phase.
+_DEPLOYMENT = ("data_parallel_size", "api_server_count", "enable_sleep_mode")
 
 
 def _where(loc: tuple[int | str, ...]) -> str:
@@ -161,8 +196,14 @@ def parse_scenario(data: Any, *, source: str) -> Scenario:
         where = f"phases[{index}]"
         own = None
         if phase.server is not None:
-            merged = {**base, **phase.server.model_dump(exclude_none=True)}
-            own = _spec(merged, f"{where}.server", source)
+            changes = phase.server.model_dump(exclude_none=True)
+            for key in _DEPLOYMENT:
+                if key in changes:
+                    raise ConfigError(
+                        f"{source}: {where}.server.{key}: the server's deployment; set it "
+                        "in the scenario's server, not a phase's"
+                    )
+            own = _spec({**base, **changes}, f"{where}.server", source)
         try:
             workload = Workload(**phase.workload.model_dump(exclude_none=True))
         except ValueError as exc:  # a combination, e.g. a uniform spread of 1 or more
@@ -175,10 +216,31 @@ def parse_scenario(data: Any, *, source: str) -> Scenario:
                 label=phase.label,
                 hang=phase.hang,
                 expect=phase.expect,
+                engines=_engines(phase.engines, spec, f"{source}: {where}"),
+                reset_counters=phase.reset_counters,
             )
         )
     slo = fields.slo.model_dump(exclude_none=True) if fields.slo is not None else {}
-    return Scenario(fields.name, spec, tuple(phases), fields.model_name, slo)
+    try:
+        return Scenario(fields.name, spec, tuple(phases), fields.model_name, slo)
+    except ValueError as exc:  # what one server cannot do (scenarios.Scenario says what)
+        raise ConfigError(f"{source}: {exc}") from exc
+
+
+def _engines(entries: list[EngineFields], spec: ServerSpec, where: str) -> tuple[EnginePhase, ...]:
+    """A phase's ``engines:``, checked against the server they run on."""
+    out: list[EnginePhase] = []
+    for index, entry in enumerate(entries):
+        key = f"{where}.engines[{index}]"
+        if entry.rank >= spec.data_parallel_size:
+            size = spec.data_parallel_size
+            raise ConfigError(f"{key}.rank: {entry.rank} is not below data_parallel_size {size}")
+        if entry.rank in {e.rank for e in out}:
+            raise ConfigError(f"{key}.rank: engine {entry.rank} is listed twice")
+        if entry.sleep_level and not spec.enable_sleep_mode:
+            raise ConfigError(f"{key}.sleep_level: the server needs enable_sleep_mode: true")
+        out.append(EnginePhase(**entry.model_dump()))
+    return tuple(out)
 
 
 def load_scenario_file(path: str | Path) -> Scenario:

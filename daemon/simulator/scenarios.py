@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from vllm_triage.ceiling.gpus import find_gpu
 from vllm_triage.ceiling.sizing import bytes_per_param
-from vllm_triage.simulator.engine import ServerSpec, Workload
+from vllm_triage.simulator.spec import ServerSpec, Workload
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -137,12 +137,38 @@ def llama_8b(
 
 
 @dataclass(frozen=True, slots=True)
+class EnginePhase:
+    """What one data-parallel engine (``rank``) does during a phase, faults included.
+
+    ``hang``, ``sleep_level`` (1: weights offloaded, 2: discarded; the server needs
+    ``enable_sleep_mode``) and ``stale_gauges`` (the running, waiting and KV gauges
+    stop at their values while the engine serves on) last for the phase; at its start,
+    clients abort ``abort_fraction`` of the engine's requests. An engine a phase does
+    not list is awake, stepping, and its gauges move.
+    """
+
+    rank: int
+    hang: bool = False
+    sleep_level: int = 0
+    abort_fraction: float = 0.0
+    stale_gauges: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rank < 0 or self.sleep_level not in (0, 1, 2):
+            raise ValueError("rank must be >= 0 and sleep_level 0, 1 or 2")
+        if not 0 <= self.abort_fraction <= 1:
+            raise ValueError("abort_fraction must be in [0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
 class Phase:
     """``duration_s`` of ``workload``, on ``spec`` (``None``: the scenario's server);
-    ``label`` says what the phase shows (the live demo prints it). With ``hang`` the
+    ``label`` says what the phase shows (the live demo prints it). With ``hang`` every
     engine stops stepping for the whole phase while ``/metrics`` still answers, frozen
-    (``Engine.hang``); the workload's requests still arrive, and wait. ``expect`` says
-    what the diagnosis should say while it plays (``None``: not stated)."""
+    (``Engine.hang``); the workload's requests still arrive, and wait. ``engines`` says
+    what single engines do (``EnginePhase``); ``reset_counters`` starts every counter
+    and histogram again from 0 at the phase's start, in the live process. ``expect``
+    says what the diagnosis should say while it plays (``None``: not stated)."""
 
     duration_s: float
     workload: Workload
@@ -150,6 +176,18 @@ class Phase:
     label: str = ""
     hang: bool = False
     expect: Expectation | None = None
+    engines: tuple[EnginePhase, ...] = ()
+    reset_counters: bool = False
+
+    def __post_init__(self) -> None:
+        ranks = [e.rank for e in self.engines]
+        if len(set(ranks)) != len(ranks):
+            raise ValueError("each engine rank may be listed once per phase")
+
+    def engine(self, rank: int) -> EnginePhase:
+        """What engine ``rank`` does in this phase (a phase-wide ``hang`` included)."""
+        own = next((e for e in self.engines if e.rank == rank), EnginePhase(rank))
+        return dataclasses.replace(own, hang=True) if self.hang else own
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +202,23 @@ class Scenario:
     #: the demo applies them under the user's own settings. Empty: the defaults.
     slo: Mapping[str, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """What one server cannot do: a rank it lacks, sleep without sleep mode, or a
+        deployment that changes between phases."""
+        size = self.spec.data_parallel_size
+        for phase in self.phases:
+            spec = phase.spec or self.spec
+            if _deployment(spec) != _deployment(self.spec):
+                raise ValueError(
+                    "data_parallel_size, api_server_count and enable_sleep_mode are the "
+                    "server's: a phase cannot change them"
+                )
+            for engine in phase.engines:
+                if engine.rank >= size:
+                    raise ValueError(f"engine rank {engine.rank} >= data_parallel_size {size}")
+                if engine.sleep_level and not spec.enable_sleep_mode:
+                    raise ValueError("an engine sleeps only with enable_sleep_mode")
+
     @property
     def duration_s(self) -> float:
         return sum(p.duration_s for p in self.phases)
@@ -176,6 +231,10 @@ class Scenario:
             if t < end:
                 return phase
         return self.phases[-1]
+
+
+def _deployment(spec: ServerSpec) -> tuple[int, int, bool]:
+    return spec.data_parallel_size, spec.api_server_count, spec.enable_sleep_mode
 
 
 def hold_last_phase(scenario: Scenario, until_s: float = math.inf) -> Scenario:

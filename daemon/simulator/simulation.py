@@ -11,65 +11,22 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 
-from vllm_triage.simulator.engine import Arrival, Engine, ServerSpec
+from vllm_triage.simulator.deployment import Deployment
+from vllm_triage.simulator.engine import Engine
 from vllm_triage.simulator.exposition import Naming, render
+from vllm_triage.simulator.frontend import FrontendStats
 from vllm_triage.simulator.scenario_files import get_scenario
 from vllm_triage.simulator.scenarios import Scenario
 
 
-class _Feed:
-    """One engine's arrivals over all phases, pulled up to an instant."""
-
-    def __init__(self, scenario: Scenario, part: int, parts: int) -> None:
-        self._streams: list[tuple[float, ServerSpec, bool, Iterator[Arrival]]] = []
-        start = 0.0
-        for index, phase in enumerate(scenario.phases):
-            end = start + phase.duration_s
-            key = f"{scenario.name}/{index}"
-            stream = phase.workload.arrivals(start, end, key=key, part=part, parts=parts)
-            self._streams.append((start, phase.spec or scenario.spec, phase.hang, stream))
-            start = end
-        self._next: Arrival | None = None
-        self._spec = scenario.spec
-
-    def drive(self, engine: Engine, t: float) -> None:
-        """Submit what arrives by ``t`` and step ``engine`` to ``t``, swapping servers and
-        hanging or resuming the engine on time."""
-        while self._streams and self._streams[0][0] <= t:
-            start, spec, hang, stream = self._streams[0]
-            if spec != self._spec:
-                engine.advance_to(max(start, engine.now))
-                engine.reconfigure(spec)
-                self._spec = spec
-            if hang != engine.hung:
-                engine.advance_to(max(start, engine.now))
-                if hang:
-                    engine.hang()
-                else:
-                    engine.resume()
-            self._submit(engine, stream, t)
-            if self._next is not None:  # the phase goes on past t
-                break
-            self._streams.pop(0)
-        engine.advance_to(t)
-
-    def _submit(self, engine: Engine, stream: Iterator[Arrival], t: float) -> None:
-        while True:
-            arrival = self._next if self._next is not None else next(stream, None)
-            self._next = None
-            if arrival is None:
-                return
-            if arrival.at_s > t:
-                self._next = arrival
-                return
-            engine.submit(arrival)
-
-
 class Simulation:
-    """Scenarios (one model each) run side by side, ``engines`` data-parallel engines each.
+    """Scenarios (one model each) run side by side, each a ``Deployment``.
 
-    Each engine gets its 1/engines share of the arrivals, as vLLM's data-parallel load
-    balancer spreads them. ``advance_to`` then ``render`` gives one scrape.
+    A scenario's server has ``data_parallel_size`` engines, which its API server feeds
+    by load. ``engines`` > 1 instead splits each scenario's arrivals statically over
+    that many one-engine deployments (a 1/engines share each, as an even external load
+    balancer would); the two do not combine. ``advance_to`` then ``render`` gives one
+    scrape.
     """
 
     def __init__(
@@ -86,11 +43,17 @@ class Simulation:
             raise ValueError("each scenario in one payload needs its own model_name")
         self.scenarios = chosen
         self.engines: list[tuple[str, Engine]] = []
-        self._feeds: list[_Feed] = []
+        self.frontends: list[tuple[str, FrontendStats]] = []
+        self._deployments: list[Deployment] = []
         for sc in chosen:
+            frontend = FrontendStats()
+            self.frontends.append((sc.model_name, frontend))
             for part in range(engines):
-                self.engines.append((sc.model_name, Engine(sc.spec, keep_records=keep_records)))
-                self._feeds.append(_Feed(sc, part, engines))
+                deployment = Deployment(
+                    sc, part=part, parts=engines, keep_records=keep_records, frontend=frontend
+                )
+                self._deployments.append(deployment)
+                self.engines.extend((sc.model_name, engine) for engine in deployment.engines)
 
     @property
     def duration_s(self) -> float:
@@ -98,12 +61,12 @@ class Simulation:
 
     def advance_to(self, t: float) -> None:
         """Step every engine to virtual time ``t`` (seconds since the start)."""
-        for (_, engine), feed in zip(self.engines, self._feeds, strict=True):
-            feed.drive(engine, t)
+        for deployment in self._deployments:
+            deployment.advance_to(t)
 
     def render(self, *, created_at: float, naming: Naming = "v1") -> str:
         """The ``/metrics`` text now; ``created_at`` is the unix time of t = 0."""
-        return render(self.engines, created_at=created_at, naming=naming)
+        return render(self.engines, created_at=created_at, naming=naming, frontends=self.frontends)
 
 
 def record(

@@ -66,8 +66,11 @@ def _tokens() -> Histogram:
 
 @dataclass(slots=True)
 class EngineStats:
-    """What vLLM counts, cumulative since the engine started (counters never go down)."""
+    """What vLLM counts, cumulative since ``created_s`` (the engine's start, or the last
+    in-process reset): counters never go down in between."""
 
+    #: Virtual seconds when these counters were created (``_created`` in /metrics).
+    created_s: float = 0.0
     preemptions: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
@@ -100,7 +103,8 @@ class EngineStats:
 
 @dataclass(frozen=True, slots=True)
 class RequestRecord:
-    """One finished request's timeline (kept only with ``Engine(keep_records=True)``)."""
+    """One finished request's timeline (kept only with ``Engine(keep_records=True)``);
+    ``arrival_s`` is when the engine got it."""
 
     arrival_s: float
     scheduled_s: float
@@ -111,6 +115,13 @@ class RequestRecord:
     preemptions: int
     finished_reason: FinishedReason
     inter_token_s: tuple[float, ...]
+    #: When the client sent it: ``arrival_s`` (when the engine got it) less the render.
+    sent_s: float | None = None
+
+    @property
+    def render_s(self) -> float:
+        """Time in the API server: waiting for a process, then rendering."""
+        return 0.0 if self.sent_s is None else self.arrival_s - self.sent_s
 
     @property
     def queue_s(self) -> float:
@@ -118,7 +129,8 @@ class RequestRecord:
 
     @property
     def ttft_s(self) -> float:
-        return self.first_token_s - self.arrival_s
+        """From the client's send: render + queue + prefill."""
+        return self.first_token_s - (self.arrival_s if self.sent_s is None else self.sent_s)
 
     @property
     def prefill_s(self) -> float:
