@@ -1,5 +1,5 @@
-"""The daemon's scheduling and failure handling (daemon/service.py, daemon/watcher.py),
-against misbehaving targets on 127.0.0.1."""
+"""The daemon's scheduling and failure handling (daemon/service.py, daemon/scrape/loop.py,
+daemon/target.py), against misbehaving targets on 127.0.0.1."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Tests for the status page's data: the live half of daemon/serve/pagedata.py, fed by real
-watchers (daemon/watcher.py records each evaluation in daemon/serve/history.py), and served as
+"""Tests for the status page's data: daemon/serve/status.py, fed by real
+targets (daemon/target.py records each evaluation in the History of daemon/state.py), and served as
 ``/api/v1/series`` by daemon/serve/listener.py. The page itself runs in tests/test_browser.py."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Evaluations as time series, and transitions as incidents: what the post-mortem report and
-the live status page draw (``daemon/serve/pagedata.py`` builds their document from these).
+the live status page draw (``page/document.py`` shapes their document from these).
 
 A point's values are named as the diagnosis evidence names them, measured once for every
 evaluation, healthy ones too (``Evaluation.measurements``), so a chart can show any

@@ -24,7 +24,7 @@ One query per signal rather than a union of tagged rows: tagging each row with
 ``label_replace`` cost Prometheus as much again as the query itself (bench/bench_fleet.py).
 
 To add a signal (a gauge, a progress age), add one row to ``GAUGES`` (its key and its
-PromQL from the server's instant vector) and read its key in ``fleet_signals.totals``.
+PromQL from the server's instant vector) and read its key in ``fleet.signals.totals``.
 """
 
 from __future__ import annotations
