@@ -10,6 +10,7 @@ where it sits in a function body or under ``TYPE_CHECKING``.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -296,3 +297,50 @@ def test_there_are_no_import_loops_between_rooms() -> None:
 
     for room in sorted(graph):
         visit(room, ())
+
+
+#: The one module that may call an HTTP client: every answer is read through it.
+BOUNDED_READER = "net/bounded.py"
+HTTP_VERBS = frozenset(
+    {"stream", "request", "send", "get", "post", "put", "patch", "delete", "head", "options"}
+)
+_CLIENTISH = re.compile(r"(^|_)(client|http|httpx)$")
+
+
+def http_calls(path: Path) -> list[str]:
+    """Calls in ``path`` that make an HTTP request: a verb on httpx itself or on anything
+    named like a client (``client``, ``self._client``, ``http``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        if node.func.attr not in HTTP_VERBS:
+            continue
+        owner = node.func.value
+        name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+        if _CLIENTISH.search(name):
+            out.append(f"{ast.unparse(node.func)} (line {node.lineno})")
+    return out
+
+
+@pytest.mark.parametrize("path", _all_modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_every_answer_is_read_through_the_bounded_reader(path: Path) -> None:
+    """A peer controls what it answers: a request made anywhere but ``net/bounded.py``
+    would read that answer without the time, size and decoding bounds."""
+    if str(path.relative_to(PACKAGE)) == BOUNDED_READER:
+        assert http_calls(path), "the reader itself makes the requests"
+        return
+    assert http_calls(path) == []
+
+
+def test_the_http_check_finds_a_request(tmp_path: Path) -> None:
+    src = tmp_path / "x.py"
+    src.write_text(
+        "async def f(self, d):\n"
+        "    d.get('a')\n"
+        "    await self._client.post('u', json={})\n"
+        "    httpx.get('u')\n",
+        encoding="utf-8",
+    )
+    assert sorted(http_calls(src)) == ["httpx.get (line 4)", "self._client.post (line 3)"]

@@ -9,7 +9,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from vllm_triage.errors import ScrapeError
-from vllm_triage.net.fetch import fetch
+from vllm_triage.net.fetch import BlockingFetcher
 from vllm_triage.recording.record import record
 
 from conftest import fixture_text
@@ -75,11 +75,11 @@ class TestFetch:
         """A body over the limit is refused without being kept whole."""
         # A stream, as from a socket (``content=`` would hand fetch a body already read).
         body = httpx.ByteStream(b"x" * 5000)
-        client = httpx.Client(
+        client = httpx.AsyncClient(
             transport=httpx.MockTransport(lambda r: httpx.Response(200, stream=body))
         )
-        with pytest.raises(ScrapeError, match="larger than 1000 bytes"):
-            fetch(client, "http://127.0.0.1:1/metrics", timeout=1, max_body_bytes=1000)
+        with BlockingFetcher(client) as fetcher, pytest.raises(ScrapeError, match="larger than 1000"):
+            fetcher.fetch("http://127.0.0.1:1/metrics", timeout=1, max_body_bytes=1000)
 
     def test_timeout(self) -> None:
         """A target that times out is a ScrapeError that says so."""
@@ -87,6 +87,6 @@ class TestFetch:
         def hang(request: httpx.Request) -> httpx.Response:
             raise httpx.ReadTimeout("slow", request=request)
 
-        client = httpx.Client(transport=httpx.MockTransport(hang))
-        with pytest.raises(ScrapeError, match="timed out"):
-            fetch(client, "http://127.0.0.1:1/metrics", timeout=0.5, max_body_bytes=1000)
+        client = httpx.AsyncClient(transport=httpx.MockTransport(hang))
+        with BlockingFetcher(client) as fetcher, pytest.raises(ScrapeError, match="timed out"):
+            fetcher.fetch("http://127.0.0.1:1/metrics", timeout=0.5, max_body_bytes=1000)

@@ -115,15 +115,13 @@ def check(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Scrape and diagnose; ``progress(done, of, outcome)`` is told after each scrape."""
-    import httpx
-
     from vllm_triage.assemble import build_rulebook
     from vllm_triage.config.load import load_settings
     from vllm_triage.core.drive import Driver, Unusable
     from vllm_triage.core.evaluate import Evaluator
     from vllm_triage.core.report import diagnosis_dict
     from vllm_triage.errors import ScrapeError
-    from vllm_triage.net.fetch import DEFAULT_MAX_BODY_BYTES, fetch, not_metrics_hint
+    from vllm_triage.net.fetch import DEFAULT_MAX_BODY_BYTES, BlockingFetcher, not_metrics_hint
     from vllm_triage.net.redact import safe_url
 
     settings = load_settings(config)
@@ -140,12 +138,12 @@ def check(
     gap = window / (total - 1)
     stopped_early = False
 
-    def one(client: httpx.Client) -> str:
+    def one(client: BlockingFetcher) -> str:
         """One scrape and evaluation; the failure reason, or "" when it worked."""
         nonlocal ok, last
         at = clock()
         try:
-            body = fetch(client, url, timeout=timeout, max_body_bytes=DEFAULT_MAX_BODY_BYTES)
+            body = client.fetch(url, timeout=timeout, max_body_bytes=DEFAULT_MAX_BODY_BYTES)
         except ScrapeError as exc:
             errors[str(exc)[:500]] += 1
             return exc.reason
@@ -157,7 +155,7 @@ def check(
         last = fed.evaluation
         return ""
 
-    with httpx.Client(follow_redirects=False) as client:
+    with BlockingFetcher() as client:
         for i in range(total):
             if i:
                 sleep(gap)

@@ -13,10 +13,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
-
 from vllm_triage.errors import ScrapeError
-from vllm_triage.net.fetch import DEFAULT_MAX_BODY_BYTES, fetch
+from vllm_triage.net.fetch import DEFAULT_MAX_BODY_BYTES, BlockingFetcher
 from vllm_triage.recording.files import write_atomically
 
 
@@ -44,11 +42,11 @@ class LiveRecorder:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
-        with httpx.Client() as http:
+        with BlockingFetcher() as http:
             while not self._stop.is_set():
                 at = self._clock()
                 try:
-                    body = fetch(http, self.url, timeout=2.0, max_body_bytes=DEFAULT_MAX_BODY_BYTES)
+                    body = http.fetch(self.url, timeout=2.0, max_body_bytes=DEFAULT_MAX_BODY_BYTES)
                 except ScrapeError:
                     self.failed += 1  # the simulator is starting or stopping
                 else:

@@ -19,6 +19,7 @@ bandwidth set at the top level says nothing about a card DCGM found.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -54,6 +55,18 @@ class Card:
         return sum(self.gpus.values())
 
 
+#: (card, model) pairs, and their rulebooks with provenance, kept at most.
+CACHED_RULEBOOKS = 256
+
+
+def _log_unknown_card(name: str) -> None:
+    log.warning(
+        "dcgm_card_unknown",
+        card=name,
+        hint="add it as an alias in rules/gpus.yaml, or give a prometheus.servers rule",
+    )
+
+
 class RulebookFactory(Protocol):
     """What the assembly lends the resolver: the one conversion of a (hardware, model)
     pair of settings into the core's ``Rulebook``, and the check of a model's facts."""
@@ -86,9 +99,11 @@ class HardwareResolver:
             for i, r in enumerate(servers, start=1)
         ]
         self._table = dict(models)
-        self._built: dict[tuple[HardwareSettings, ModelSettings], Rulebook] = {}
-        self._cache: dict[tuple[object, ...], Rulebook] = {}
-        self._unknown: set[str] = set()
+        # Bounded: the keys come from what the fleet's labels and DCGM say, which a peer
+        # controls (a card name that changes every tick must not grow memory for ever).
+        self._rulebook = functools.lru_cache(maxsize=CACHED_RULEBOOKS)(factory.rulebook)
+        self._provenanced = functools.lru_cache(maxsize=CACHED_RULEBOOKS)(self._with_provenance)
+        self._unknown_card = functools.lru_cache(maxsize=CACHED_RULEBOOKS)(_log_unknown_card)
         self._check()
 
     def _check(self) -> None:
@@ -118,19 +133,17 @@ class HardwareResolver:
         rule = next(((i, hw, m) for i, ms, hw, m in self._rules if matches_all(ms, seen)), None)
         hw, hw_from = self._hardware(rule, card)
         model, model_from = self._model(rule, model_name)
-        key = (hw, model, tuple(sorted(hw_from.items())), model_from)
-        found = self._cache.get(key)
-        if found is None:
-            base = self._rulebook(hw, model)
-            provenance = hw_from | {"model_source": model_from}
-            found = self._cache[key] = dataclasses.replace(base, provenance=provenance)
-        return found
+        return self._provenanced(hw, model, tuple(sorted(hw_from.items())), model_from)
 
-    def _rulebook(self, hw: HardwareSettings, model: ModelSettings) -> Rulebook:
-        built = self._built.get((hw, model))
-        if built is None:
-            built = self._built[(hw, model)] = self._factory.rulebook(hw, model)
-        return built
+    def _with_provenance(
+        self,
+        hw: HardwareSettings,
+        model: ModelSettings,
+        hw_from: tuple[tuple[str, str], ...],
+        model_from: str,
+    ) -> Rulebook:
+        provenance = dict(hw_from) | {"model_source": model_from}
+        return dataclasses.replace(self._rulebook(hw, model), provenance=provenance)
 
     def _hardware(
         self,
@@ -181,13 +194,7 @@ class HardwareResolver:
         try:
             return find_gpu(card.name).name
         except ConfigError:
-            if card.name not in self._unknown:
-                self._unknown.add(card.name)
-                log.warning(
-                    "dcgm_card_unknown",
-                    card=card.name,
-                    hint="add it as an alias in rules/gpus.yaml, or give a prometheus.servers rule",
-                )
+            self._unknown_card(card.name)  # logged once per name (while it is remembered)
             return None
 
     def _model(

@@ -18,15 +18,24 @@ from __future__ import annotations
 
 import contextlib
 import math
+import reprlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_triage.core.model import GaugeStats, Histogram, WindowTotals
-from vllm_triage.core.names import HISTOGRAM_FIELDS
+from vllm_triage.core.names import HISTOGRAM_FIELDS, label_value
 from vllm_triage.fleet.queries import BUCKET_FIELDS, COUNTERS, DCGM_MODEL, POOL_LABELS
 
 Row = Mapping[str, Any]
+
+#: A value shown in a problem is this short (a peer may send a huge or deeply nested one).
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxstring, _SHOWN.maxother = 2, 3, 40, 40
+
+
+def _shown(value: object) -> str:
+    return _SHOWN.repr(value)
 
 
 @dataclass(slots=True)
@@ -97,7 +106,11 @@ class Fleet:
         for row in rows:
             self.rows += 1
             metric = row.get("metric") if isinstance(row, dict) else None
-            if not isinstance(metric, dict):
+            # A proxy or middleware can send anything: labels that are not strings make
+            # the row unusable (counted), never an error that stops the tick.
+            if not isinstance(metric, dict) or not all(
+                type(k) is str and type(v) is str for k, v in metric.items()
+            ):
                 self.unusable += 1
                 continue
             try:
@@ -111,7 +124,7 @@ class Fleet:
                 continue
             server = self._server(metric)
             if value is None:
-                server.problems.append(f"{key}: not a finite number ({row.get('value')!r})")
+                server.problems.append(f"{key}: not a finite number ({_shown(row.get('value'))})")
                 continue
             if key == "pool":
                 self._pool(server, metric)
@@ -152,7 +165,9 @@ class Fleet:
             return  # a GPU no pod uses, or a broken value: nothing to join
         if key == "dcgm_gpus":
             cards = self.dcgm_gpus.setdefault(pod, {})
-            card = metric.get(DCGM_MODEL, "")
+            # A card's name is a peer's string: cut to the exported label bound, so a
+            # 1 MB name costs 128 characters in the evidence, the API and the caches.
+            card = label_value(metric.get(DCGM_MODEL, ""))
             cards[card] = cards.get(card, 0) + int(value)
         elif key == "dcgm_dram":
             self.dcgm_dram[pod] = value

@@ -49,7 +49,7 @@ from vllm_triage.errors import ScrapeError
 from vllm_triage.fleet.hardware import Card, HardwareResolver
 from vllm_triage.fleet.queries import NAMES_REGEX, FleetQuery, QueryPlan, inner
 from vllm_triage.fleet.signals import Fleet, totals
-from vllm_triage.net.fetch import BodyLimit, scrape_error
+from vllm_triage.net.bounded import request
 from vllm_triage.net.redact import safe_url
 from vllm_triage.notify.notifier import Notifier
 from vllm_triage.state import TargetState
@@ -232,36 +232,24 @@ class PrometheusSource:
         data: Mapping[str, str] | None = None,
         what: str = "",
     ) -> bytes:
-        """One answer of the query API, read as a target's body is: at most
-        ``max_body_bytes`` once decoded (one layer of gzip inflated inside that limit),
-        redirects not followed, the whole request bounded by ``timeout_seconds``."""
-        timeout = self.source.timeout_seconds
+        """One answer of the query API, read as every answer is (``net.bounded``): at
+        most ``max_body_bytes`` once decoded (one layer of gzip inflated inside that
+        limit), redirects not followed, the whole request bounded by ``timeout_seconds``."""
         shown = safe_url(url) + (f" ({what})" if what else "")
-        try:
-            async with (
-                asyncio.timeout(timeout),
-                self._client.stream(
-                    method,
-                    url,
-                    params=params,
-                    data=data,
-                    headers=self._headers,
-                    timeout=timeout,
-                    follow_redirects=False,
-                ) as resp,
-            ):
-                if resp.status_code // 100 != 2:
-                    raise ScrapeError(f"HTTP {resp.status_code} from {shown}", reason="http_status")
-                limit = BodyLimit(
-                    self.parts.max_body_bytes, url, resp.headers.get("Content-Encoding", "")
-                )
-                async for chunk in resp.aiter_raw():
-                    limit.add(chunk)
-                return limit.body()
-        except TimeoutError as exc:
-            raise ScrapeError(f"timed out after {timeout:g} s: {shown}", reason="timeout") from exc
-        except httpx.HTTPError as exc:
-            raise scrape_error(exc, url, timeout) from exc
+        answer = await request(
+            self._client,
+            method,
+            url,
+            timeout=self.source.timeout_seconds,
+            max_bytes=self.parts.max_body_bytes,
+            headers=self._headers,
+            params=params,
+            data=data,
+            shown=shown,
+        )
+        if not answer.ok:
+            raise ScrapeError(f"HTTP {answer.status} from {shown}", reason="http_status")
+        return answer.body
 
     @staticmethod
     def rows(q: FleetQuery, body: bytes) -> list[dict[str, Any]]:

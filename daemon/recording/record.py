@@ -12,12 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import structlog
 
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.errors import ParseError, ScrapeError
-from vllm_triage.net.fetch import DEFAULT_MAX_BODY_BYTES, fetch, not_metrics_hint
+from vllm_triage.net.fetch import DEFAULT_MAX_BODY_BYTES, BlockingFetcher, not_metrics_hint
 from vllm_triage.net.redact import safe_url
 from vllm_triage.recording.files import write_atomically
 
@@ -42,7 +41,7 @@ def record(
     duration: float | None = None,
     timeout: float | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    client: httpx.Client | None = None,
+    client: BlockingFetcher | None = None,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
 ) -> RecordStats:
@@ -56,7 +55,7 @@ def record(
     directory.mkdir(parents=True, exist_ok=True)
     scrape_timeout = timeout if timeout is not None else max(min(interval, 10.0), 0.1)
     own_client = client is None
-    http = client or httpx.Client(follow_redirects=False)
+    http = client or BlockingFetcher()
     parser = SnapshotParser()
     stats = RecordStats()
     start = clock()
@@ -70,7 +69,7 @@ def record(
             at = clock()
             stats.scrapes += 1
             try:
-                body = fetch(http, url, timeout=scrape_timeout, max_body_bytes=max_body_bytes)
+                body = http.fetch(url, timeout=scrape_timeout, max_body_bytes=max_body_bytes)
             except ScrapeError as exc:
                 stats.failed += 1
                 stats.last_error = str(exc)

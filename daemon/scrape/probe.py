@@ -16,6 +16,7 @@ request shows in vLLM's metrics like any other (one prompt, one generated token)
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,13 +27,29 @@ import structlog
 
 from vllm_triage.config.schema import ProbeSettings
 from vllm_triage.core.model import ProbeStatus
+from vllm_triage.errors import ScrapeError
 from vllm_triage.logs import Throttle
+from vllm_triage.net.bounded import request
 from vllm_triage.state import ProbeStats
 
 log = structlog.get_logger("vllm_triage.probe")
 
 #: What the probe asks: any prompt will do, the engine only has to produce one token.
 PROMPT = "ping"
+#: A one-token completion is a few hundred bytes; an answer past this is read no further
+#: (a peer that sends a gzip bomb or an endless body is answered, badly, not waited on).
+ANSWER_MAX_BYTES = 64 * 1024
+
+
+def one_token(body: bytes) -> bool:
+    """Whether ``body`` is a completion with at least one choice. Whatever a peer sends
+    (not JSON, JSON nested a million deep, a number) is a bad answer, never an error."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    choices = data.get("choices") if isinstance(data, dict) else None
+    return isinstance(choices, list) and bool(choices)
 
 
 def completions_url(metrics_url: str, probe_url: str | None = None) -> str:
@@ -131,24 +148,23 @@ class Prober:
         }
         headers = {**self._headers, "X-Request-Id": f"{s.user}-{n}"}
         try:
-            async with asyncio.timeout(s.timeout_seconds):
-                resp = await self._client.post(
-                    self.stats.url, json=body, headers=headers, timeout=s.timeout_seconds
-                )
-        except (TimeoutError, httpx.TimeoutException):
-            return "timeout"
-        except httpx.ConnectError:
-            return "connect"
-        except httpx.HTTPError:
-            return "http_error"
-        if resp.status_code // 100 != 2:
+            answer = await request(
+                self._client,
+                "POST",
+                self.stats.url,
+                json=body,
+                headers=headers,
+                timeout=s.timeout_seconds,
+                max_bytes=ANSWER_MAX_BYTES,
+            )
+        except ScrapeError as exc:
+            if exc.reason in ("timeout", "connect"):
+                return exc.reason
+            # Too big, a compression refused, a broken stream: something answered, badly.
+            return "bad_response" if exc.reason in ("too_large", "encoding") else "http_error"
+        if not answer.ok:
             return "http_status"
-        try:
-            data = resp.json()
-        except ValueError:
-            return "bad_response"
-        choices = data.get("choices") if isinstance(data, dict) else None
-        return None if isinstance(choices, list) and choices else "bad_response"
+        return None if one_token(answer.body) else "bad_response"
 
     def _failed(self, reason: str) -> None:
         if self._failures.due():

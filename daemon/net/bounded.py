@@ -1,0 +1,215 @@
+"""The one way the daemon reads a peer's answer over HTTP: streamed, capped, bounded in time.
+
+Every request the daemon makes goes through ``request``: the scrapes (``net.fetch``), the
+active probe, the fleet's query API and the receivers' answers. A peer controls what it
+sends back, so each answer is read the same way, whoever asked:
+
+- the whole exchange (connect, send, status, body) is bounded by ``timeout`` as a whole
+  (``asyncio.timeout``): httpx's timeout is per read, and a peer trickling bytes would
+  outlast it;
+- the body is streamed and never held past ``max_bytes``: past it the answer is refused
+  (``reason="too_large"``) or, for a caller that only needs its status (a receiver's
+  answer), cut off there;
+- compression: ``Accept-Encoding: identity`` unless the caller asks for gzip; an answer
+  compressed anyway may use one layer of ``gzip`` or ``deflate``, inflated here a slice at
+  a time with the limit applied to the *decoded* bytes inside the loop, so a 3 KB gzip
+  bomb stops at ``max_bytes`` of output, never a byte more. httpx's own decoder is not
+  used: it inflates each received chunk whole, and for stacked encodings (``gzip, gzip``)
+  the inner layer before any limit can be checked. Stacked or other encodings are refused
+  (``reason="encoding"``);
+- a non-2xx answer's body is not read at all (its status and headers say what is needed);
+- redirects are never followed here (the scrape follows same-origin ones itself);
+- every transport failure is a ``ScrapeError`` with a short reason, and its message never
+  holds the URL's secrets (``shown`` replaces the URL where even its path is secret).
+
+``tests/test_architecture.py`` fails if any module but this one calls an httpx client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+from vllm_triage.errors import ScrapeError
+from vllm_triage.net.redact import safe_url, scrub_url
+
+#: Output slice of one inflate call: the limit is checked between slices.
+_INFLATE_SLICE = 64 * 1024
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A peer's answer: its status, headers and (for a 2xx) its decoded body."""
+
+    status: int
+    headers: httpx.Headers
+    body: bytes
+    #: The body went past the limit and was cut there (``overflow="truncate"`` only).
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status // 100 == 2
+
+    @property
+    def is_redirect(self) -> bool:
+        return self.status in (301, 302, 303, 307, 308) and "Location" in self.headers
+
+
+class BodyLimit:
+    """Collects a body's decoded bytes, refusing it once they pass ``max_bytes`` (never
+    held whole); ``add`` takes the bytes as they came off the wire."""
+
+    def __init__(
+        self, max_bytes: int, shown: str, content_encoding: str = "", *, decode: bool = True
+    ) -> None:
+        self.max_bytes, self.shown = max_bytes, shown
+        self.size = 0
+        self.raw_size = 0
+        self.chunks: list[bytes] = []
+        self._inflate = _decompressor(content_encoding, shown) if decode else None
+
+    def _keep(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.max_bytes:
+            raise ScrapeError(
+                f"body larger than {self.max_bytes} bytes from {self.shown}"
+                + (" once decompressed" if self._inflate is not None else ""),
+                reason="too_large",
+            )
+        if data:
+            self.chunks.append(data)
+
+    def add(self, raw: bytes) -> None:
+        self.raw_size += len(raw)
+        if self.raw_size > self.max_bytes:
+            raise ScrapeError(
+                f"body larger than {self.max_bytes} bytes from {self.shown}", reason="too_large"
+            )
+        z = self._inflate
+        if z is None:
+            self._keep(raw)
+            return
+        data = raw
+        while True:
+            try:
+                out = z.decompress(data, _INFLATE_SLICE)
+            except zlib.error as exc:
+                raise ScrapeError(
+                    f"compressed body from {self.shown} is corrupt: {exc}", reason="http_error"
+                ) from exc
+            self._keep(out)
+            data = z.unconsumed_tail
+            if z.eof:
+                if data or z.unused_data:
+                    raise ScrapeError(
+                        f"data after the end of the compressed body from {self.shown}",
+                        reason="encoding",
+                    )
+                return
+            if not data and len(out) < _INFLATE_SLICE:
+                return
+
+    def body(self) -> bytes:
+        if self._inflate is not None and not self._inflate.eof:
+            raise ScrapeError(f"compressed body from {self.shown} ends early", reason="http_error")
+        return b"".join(self.chunks)
+
+
+def _decompressor(content_encoding: str, shown: str) -> zlib._Decompress | None:
+    codings = [c.strip().lower() for c in content_encoding.split(",")]
+    codings = [c for c in codings if c and c != "identity"]
+    if not codings:
+        return None
+    if len(codings) == 1 and codings[0] in _WBITS:
+        return zlib.decompressobj(wbits=_WBITS[codings[0]])
+    raise ScrapeError(
+        f"Content-Encoding {content_encoding[:60]!r} from {shown} refused: "
+        "one layer of gzip or deflate at most (vllm-triage asks for identity)",
+        reason="encoding",
+    )
+
+
+def transport_error(exc: httpx.HTTPError, url: str, timeout: float, shown: str) -> ScrapeError:
+    """A transport error as a ``ScrapeError`` with its reason (and no secret of the URL)."""
+    if isinstance(exc, httpx.TimeoutException):
+        return ScrapeError(f"timed out after {timeout:g} s: {shown}", reason="timeout")
+    reason = "connect" if isinstance(exc, httpx.ConnectError) else "http_error"
+    text = scrub_url((_os_error(exc) or str(exc))[:300], url).replace(url, shown)
+    return ScrapeError(f"{type(exc).__name__}: {text} ({shown})", reason=reason)
+
+
+def _os_error(exc: BaseException) -> str | None:
+    """What the system said, when a transport error comes from a refused or failed
+    socket: the async transport reports "All connection attempts failed" and keeps the
+    useful part ("Connection refused") down its chain of causes."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # the chain is a few links long; never loop on a cycle
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno is not None:
+            return os.strerror(seen.errno)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+async def request(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    timeout: float,
+    max_bytes: int,
+    headers: Mapping[str, str] | None = None,
+    params: Mapping[str, str] | None = None,
+    data: Mapping[str, str] | None = None,
+    json: Any = None,
+    content: bytes | None = None,
+    overflow: Literal["refuse", "truncate"] = "refuse",
+    decode: bool = True,
+    shown: str | None = None,
+) -> Answer:
+    """One request and its answer, read as the module says. ``shown`` is how the URL
+    appears in errors (default: without credentials or query values); ``decode=False``
+    keeps the bytes as they came (a receiver's answer, which only its status matters for)."""
+    shown = shown or safe_url(url)
+    sent = {"Accept-Encoding": "identity", **(headers or {})}
+    try:
+        async with asyncio.timeout(timeout):
+            try:
+                async with client.stream(
+                    method,
+                    url,
+                    headers=sent,
+                    params=params,
+                    data=data,
+                    json=json,
+                    content=content,
+                    timeout=timeout,
+                    follow_redirects=False,
+                ) as resp:
+                    if resp.status_code // 100 != 2:
+                        return Answer(resp.status_code, resp.headers, b"")
+                    encoding = resp.headers.get("Content-Encoding", "")
+                    limit = BodyLimit(max_bytes, shown, encoding, decode=decode)
+                    try:
+                        async for chunk in resp.aiter_raw():
+                            limit.add(chunk)
+                    except ScrapeError as exc:
+                        if overflow == "truncate" and exc.reason == "too_large":
+                            return Answer(resp.status_code, resp.headers, b"", truncated=True)
+                        raise
+                    return Answer(resp.status_code, resp.headers, limit.body())
+            except httpx.HTTPError as exc:
+                raise transport_error(exc, url, timeout, shown) from exc
+            except httpx.InvalidURL as exc:
+                raise ScrapeError(f"invalid URL {shown}", reason="http_error") from exc
+    except TimeoutError as exc:
+        raise ScrapeError(f"timed out after {timeout:g} s: {shown}", reason="timeout") from exc
