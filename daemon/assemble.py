@@ -15,6 +15,7 @@ functions.
 from __future__ import annotations
 
 import functools
+import hashlib
 import socket
 import ssl
 import time
@@ -59,7 +60,7 @@ from vllm_triage.serve.listener import HttpServer
 from vllm_triage.serve.routes import Endpoints
 from vllm_triage.serve.status import live_document
 from vllm_triage.service import Daemon, DaemonParts, Readiness
-from vllm_triage.state import History, TargetState
+from vllm_triage.state import History, StoreStatus, TargetState
 from vllm_triage.store import StateStore
 from vllm_triage.target import Health, Target, TargetParts
 
@@ -344,8 +345,32 @@ def _first_model(target: Target) -> str | None:
 
 
 def receiver_name(settings: Settings, index: int) -> str:
+    """A receiver's identity, under which the store keeps its log and its pending
+    notifications: its ``name``, else its type and a short hash of its type and URL, so
+    that inserting, removing or reordering receivers never hands one's queue to another.
+    (The hash reveals nothing of a URL that holds a token.)"""
     r: ReceiverSettings = settings.receivers[index]
-    return r.name or f"{r.type}-{index}"
+    return r.name or unnamed_receiver(r.type, r.url.get_secret_value())
+
+
+def unnamed_receiver(kind: str, url: str) -> str:
+    digest = hashlib.sha256(f"{kind}\n{url.rstrip('/')}".encode()).hexdigest()[:8]
+    return f"{kind}-{digest}"
+
+
+def _adopt_positional_names(settings: Settings, store: StateStore) -> None:
+    """Stores written before receivers had stable names keyed an unnamed receiver by its
+    position (``slack-0``): hand each such key to the unnamed receiver of that type still
+    at that position, once, and say so. Any other unknown key is the notifier's to
+    report (``receiver_gone``)."""
+    names = {receiver_name(settings, i) for i in range(len(settings.receivers))}
+    kept = store.restored.receivers()
+    for i, r in enumerate(settings.receivers):
+        old = f"{r.type}-{i}"
+        if r.name is None and old in kept and old not in names:
+            new = receiver_name(settings, i)
+            store.rename_receiver(old, new)
+            log.info("receiver_key_renamed", old=old, new=new, why="stable receiver names")
 
 
 def build_notifier(
@@ -401,7 +426,10 @@ def build_fleet(
     shown = safe_url(source.url.rstrip("/") + "/api/v1/query")
 
     def new_target(name: str) -> Target:
-        return build_target(settings, name, shown, notifier=notifier, store=store, rulebook=top)
+        target = build_target(settings, name, shown, notifier=notifier, store=store, rulebook=top)
+        if store is not None:
+            store.participants.append(target)
+        return target
 
     hardware = build_hardware_resolver(settings)
     api = Health(TargetState("prometheus", safe_url(source.url), None))
@@ -458,19 +486,27 @@ def build_daemon(
     def deliveries() -> list[Delivery]:
         return notifier.deliveries if notifier is not None else []
 
+    state_dir = settings.state_path(default_state_dir)
+    store: StateStore | None = None
+
+    def store_status() -> StoreStatus | None:
+        return store.status() if store is not None else None
+
     rows, interval = settings_rows(settings), settings.interval_seconds
     endpoints = Endpoints(
-        build_registry(states, deliveries),
+        build_registry(states, deliveries, store=store_status),
         states,
         ready,
         clock,
         series=lambda now: live_document(
             states(), now=now, interval_seconds=interval, settings_rows=rows
         ),
+        store=store_status,
     )
     http = HttpServer(settings.listen, endpoints)
-    state_dir = settings.state_path(default_state_dir)
     store = StateStore.open(state_dir) if state_dir is not None else None
+    if store is not None:
+        _adopt_positional_names(settings, store)
     notifier = build_notifier(settings, client, external_url(settings, http.address), store)
     for t in settings.targets:
         scraper_client = httpx.AsyncClient(
@@ -494,6 +530,11 @@ def build_daemon(
                 store.save_incidents(name, ())
             store.restored.incidents.clear()
             notifier.resolve_gone({t.name for t in settings.targets}, clock())
+    if store is not None:
+        # What writes itself afresh when a failing disk takes writes again.
+        store.participants.extend(s.target for s in scrapers)
+        store.participants.append(notifier)
+        store.participants.extend(notifier.deliveries)
     parts = DaemonParts(
         http=http,
         store=store,

@@ -55,6 +55,17 @@ class ReceiverStats:
     last_success_at: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class StoreStatus:
+    """What the exporter and the API say about the state store (``store.StateStore``)."""
+
+    path: str
+    #: False while writes fail and the state is kept in memory only.
+    durable: bool
+    error: str
+    write_failures: int
+
+
 class ReceiverView(Protocol):
     """What the read side shows of a receiver's delivery queue."""
 

@@ -21,11 +21,20 @@ the call returns, so a killed process loses nothing; a power cut may lose the la
 commits, which is no worse than the in-memory state it replaces (and an ``emptyDir`` does
 not outlive its node anyway). ``bench/bench_store.py`` measures a write.
 
-The store never stops the daemon: a missing, unreadable, corrupt or foreign file is
-logged, moved aside when it cannot be read, and replaced by a fresh one; an unwritable
-directory, a read-only filesystem or a second daemon holding the same directory means
-running without durable state, said in one log line. A write that fails later (a full
-disk) turns durable state off with one log line; alerting goes on in memory.
+The store never stops the daemon, and tells a bad file from a bad disk:
+
+- a file SQLite calls corrupt or not a database, or one of another schema or program, is
+  logged, moved aside and replaced by a fresh one;
+- a full, read-only or failing disk (or a file that is busy, or cannot be opened for
+  writing) is not the file's fault: the file is kept as it is, what can be read of it is
+  restored (read only), and the store runs *degraded*: nothing is written, alerting goes
+  on in memory, and every ``RETRY_WRITES_S`` the next write tries the disk again. When it
+  works, the whole state is written afresh from memory (``resync``: each part that keeps
+  state writes its own), and durable state is back;
+- an unwritable directory or a second daemon holding the same directory means running
+  without a store at all, said in one log line.
+
+``status()`` says which (``vllm_triage_state_durable`` and the API show it).
 
 No secrets are stored: receivers are named, never their URLs or credentials, and the
 HMAC signature is computed at each send.
@@ -42,13 +51,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
 from vllm_triage.core.alerts import Alert
 from vllm_triage.core.dedup import LastSent
 from vllm_triage.core.incidents import State, TrackRecord
+from vllm_triage.state import StoreStatus
 
 log = structlog.get_logger("vllm_triage.store")
 
@@ -165,6 +175,27 @@ def alert_from_json(text: str) -> Alert:
     )
 
 
+#: SQLite's primary result codes for a failure of the disk or the system, not of the file:
+#: busy, locked, out of memory, read-only, I/O error, full, cannot open, permission, lock
+#: protocol. The file is then kept; anything else it reports means the file is bad.
+_DISK_NOT_FILE = frozenset({5, 6, 7, 8, 10, 13, 14, 3, 15})
+#: While degraded, a write tries the disk again this often (each try is a few statements).
+RETRY_WRITES_S = 30.0
+
+
+def _file_is_bad(exc: sqlite3.DatabaseError) -> bool:
+    """Whether ``exc`` says the file is corrupt, not a database, or not ours (our own
+    refusals carry no SQLite code), rather than that the disk failed."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is None or (code & 0xFF) not in _DISK_NOT_FILE
+
+
+class Resyncs(Protocol):
+    """A part that keeps state in memory and writes it afresh into an empty store."""
+
+    def resync(self, store: StateStore) -> None: ...
+
+
 @dataclass(slots=True)
 class Restored:
     """What the file held when it was opened, checked row by row."""
@@ -178,18 +209,31 @@ class Restored:
     def empty(self) -> bool:
         return not (self.incidents or self.alerts or self.log or self.outbox)
 
+    def receivers(self) -> set[str]:
+        """Every receiver something is kept for (its log or its queue)."""
+        return {r for r, _ in self.log} | set(self.outbox)
+
 
 class StateStore:
     """The open state file. Every method is called on the event loop's thread (the
     constructor may run on another, before the loop starts), one at a time."""
 
-    def __init__(self, conn: sqlite3.Connection, path: Path, lock: int) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, path: Path, lock: int, *, read_only: bool = False
+    ) -> None:
         self.path = path
         self.restored = Restored()
+        #: What keeps state in memory and writes it afresh after the disk came back.
+        self.participants: list[Resyncs] = []
+        #: Failed writes since the start (each failed retry counts one).
+        self.write_failures = 0
         self._conn = conn
         self._lock = lock
         self._depth = 0
-        self._failed = False
+        self._read_only = read_only
+        self._failed = read_only
+        self._failed_at = time.monotonic()
+        self._error = ""
 
     # --- opening -----------------------------------------------------------------------
 
@@ -217,10 +261,13 @@ class StateStore:
                 store = cls(conn, path, lock)
                 store._load()
             except sqlite3.DatabaseError as exc:
-                # Not a database, a damaged one, another program's tables, another
-                # schema version, a read-only file: keep it aside and start afresh.
                 if conn is not None:
                     conn.close()
+                if not _file_is_bad(exc):
+                    # The disk's fault, not the file's: keep it, read what it holds.
+                    return cls._degraded(path, lock, exc)
+                # Not a database, a damaged one, another program's tables, another
+                # schema version: keep it aside and start afresh.
                 if attempt == 2 or not _move_aside(path, str(exc)):
                     os.close(lock)
                     _off(state_dir, f"cannot use {FILE_NAME}: {exc}")
@@ -243,20 +290,45 @@ class StateStore:
             return store
         raise AssertionError("unreachable: the second attempt returns")
 
-    def _load(self) -> None:
+    @classmethod
+    def _degraded(cls, path: Path, lock: int, exc: sqlite3.Error) -> StateStore | None:
+        """A store that keeps ``path`` untouched, restored from a read-only look at it,
+        writing nothing until the disk takes writes again."""
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+            store = cls(conn, path, lock, read_only=True)
+            store._load(write=False)
+        except sqlite3.Error as again:
+            if conn is not None:
+                conn.close()
+            # Not even readable now: run empty in memory, the file kept for next time.
+            conn = sqlite3.connect(":memory:", check_same_thread=False)
+            store = cls(conn, path, lock, read_only=True)
+            log.warning("state_not_readable", path=str(path), err=str(again))
+        store._error = str(exc)
+        r = store.restored
+        log.error(
+            "state_degraded",
+            path=str(path),
+            why=str(exc),
+            incidents=sum(len(v) for v in r.incidents.values()),
+            active_alerts=len(r.alerts),
+            undelivered=sum(len(v) for v in r.outbox.values()),
+            consequence=f"the file is kept as it is; running in memory; writing is tried "
+            f"again every {RETRY_WRITES_S:g} s",
+        )
+        return store
+
+    def _load(self, *, write: bool = True) -> None:
         c = self._conn
         version = c.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, SCHEMA_VERSION) and version not in _MIGRATIONS:
             raise sqlite3.DatabaseError(f"schema version {version}, expected {SCHEMA_VERSION}")
-        while version in _MIGRATIONS:
-            c.executescript(_MIGRATIONS[version])
-            version += 1
-            log.info("state_migrated", path=str(self.path), schema_version=version)
-        c.executescript(_SCHEMA)
-        c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        # A write now, so that a read-only file or folder shows here, not mid-incident.
-        c.execute("DELETE FROM outbox WHERE id < 0")
-        c.commit()
+        if write:
+            self._prepare()
+        elif version != SCHEMA_VERSION:
+            return  # an older schema cannot be read without migrating it: nothing restored
         r = self.restored
         bad: list[tuple[str, str, tuple[Any, ...]]] = []
         incidents: dict[str, list[TrackRecord]] = {}
@@ -319,15 +391,40 @@ class StateStore:
             r.outbox.setdefault(receiver, []).append((row_id, Notification(body, str(what), path)))
         for table, why, (where, *args) in bad:
             log.warning("state_row_skipped", table=table, why=why)
-            c.execute(f"DELETE FROM {table} WHERE {where}", args)
+            if write:
+                c.execute(f"DELETE FROM {table} WHERE {where}", args)
+        if write:
+            c.commit()
+
+    def _prepare(self) -> None:
+        """Bring the file to this schema, and write once, so that a read-only file or
+        folder shows here, not mid-incident."""
+        c = self._conn
+        version = c.execute("PRAGMA user_version").fetchone()[0]
+        while version in _MIGRATIONS:
+            c.executescript(_MIGRATIONS[version])
+            version += 1
+            log.info("state_migrated", path=str(self.path), schema_version=version)
+        c.executescript(_SCHEMA)
+        c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        c.execute("DELETE FROM outbox WHERE id < 0")
         c.commit()
 
     # --- writing -----------------------------------------------------------------------
 
     @property
     def durable(self) -> bool:
-        """False once a write failed: the daemon then goes on in memory only."""
+        """False while writes fail (or the file could only be read): the daemon then goes
+        on in memory, and tries the disk again every ``RETRY_WRITES_S``."""
         return not self._failed
+
+    def status(self) -> StoreStatus:
+        return StoreStatus(
+            path=str(self.path),
+            durable=not self._failed,
+            error=self._error if self._failed else "",
+            write_failures=self.write_failures,
+        )
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -341,7 +438,7 @@ class StateStore:
                 self._commit()
 
     def _commit(self) -> None:
-        if self._failed:
+        if self._failed and not self._recovered():
             return
         try:
             self._conn.commit()
@@ -349,7 +446,7 @@ class StateStore:
             self._fail(exc)
 
     def _write(self, sql: str, args: tuple[Any, ...]) -> int | None:
-        if self._failed:
+        if self._failed and not self._recovered():
             return None
         try:
             row = self._conn.execute(sql, args).lastrowid
@@ -362,14 +459,55 @@ class StateStore:
 
     def _fail(self, exc: sqlite3.Error) -> None:
         self._failed = True
+        self._failed_at = time.monotonic()
+        self._error = str(exc)
+        self.write_failures += 1
         with contextlib.suppress(sqlite3.Error):
             self._conn.rollback()
         log.error(
             "state_write_failed",
             path=str(self.path),
             err=str(exc),
-            consequence="alert state is no longer kept across a restart; restart to retry",
+            consequence="alert state is kept in memory only, and written afresh once the "
+            f"disk takes writes again (tried every {RETRY_WRITES_S:g} s)",
         )
+
+    def _recovered(self) -> bool:
+        """After ``RETRY_WRITES_S``: whether the disk takes writes again. If it does, the
+        whole state is written afresh from memory (every participant's ``resync``) in one
+        transaction, and writing goes on."""
+        if self._depth > 1 or time.monotonic() - self._failed_at < RETRY_WRITES_S:
+            return False  # inside a batch: the batch's end tries
+        self._failed_at = time.monotonic()
+        try:
+            if self._read_only:
+                self._conn.close()
+                self._conn = _connect(self.path)
+                self._read_only = False
+            self._prepare()
+            for table in ("incidents", "alerts", "nflog", "outbox"):
+                self._conn.execute(f"DELETE FROM {table}")
+            self._failed = False
+            self._depth += 1
+            try:
+                for p in self.participants:
+                    p.resync(self)
+            finally:
+                self._depth -= 1
+            if self._failed:  # a write inside failed (and said so)
+                return False
+            self._conn.commit()
+        except sqlite3.Error as exc:
+            self._failed = True
+            self.write_failures += 1
+            self._error = str(exc)
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.rollback()
+            log.warning("state_still_unwritable", path=str(self.path), err=str(exc))
+            return False
+        self._error = ""
+        log.info("state_recovered", path=str(self.path), consequence="durable state is back")
+        return True
 
     def save_incidents(self, target: str, records: tuple[TrackRecord, ...]) -> None:
         """Replace ``target``'s kept incidents with ``records``."""
@@ -423,6 +561,16 @@ class StateStore:
         """``row``'s notification was delivered or given up."""
         if row is not None:
             self._write("DELETE FROM outbox WHERE id = ?", (row,))
+
+    def rename_receiver(self, old: str, new: str) -> None:
+        """``old``'s log and queue are ``new``'s from now on (in the file and restored)."""
+        with self.batch():
+            self._write("UPDATE nflog SET receiver = ? WHERE receiver = ?", (new, old))
+            self._write("UPDATE outbox SET receiver = ? WHERE receiver = ?", (new, old))
+        r = self.restored
+        r.log = {((new if k[0] == old else k[0]), k[1]): v for k, v in r.log.items()}
+        if old in r.outbox:
+            r.outbox.setdefault(new, []).extend(r.outbox.pop(old))
 
     def forget_receiver(self, receiver: str) -> None:
         """A receiver no longer configured: its log and queue go."""

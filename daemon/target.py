@@ -141,6 +141,11 @@ class Target:
         model facts (``Evaluator.judge``); published and notified as ``consume`` does."""
         self._saving(lambda: self._judge(at, signals, rulebooks, problems))
 
+    def resync(self, store: StateStore) -> None:
+        """The store came back empty after a failing disk: this target's incidents now."""
+        self._saved = self.evaluator.incidents.export()
+        store.save_incidents(self.state.name, self._saved)
+
     def _saving(self, evaluate: Callable[[], None]) -> None:
         if self._store is None:
             evaluate()

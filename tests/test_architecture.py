@@ -150,7 +150,7 @@ WINGS: dict[str, set[str]] = {
     "logs": set(),
     "buildinfo": set(),
     "state": {"core"},
-    "store": {"core"},
+    "store": {"core", "state"},
     # The runtime's rooms: each is handed its parts; none reads the root settings.
     "notify": {"core", "config", "net", "state", "store"} | LEAVES,
     "target": {"core", "logs", "notify", "state", "store"},

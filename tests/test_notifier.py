@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from vllm_triage.assemble import build_notifier
+from vllm_triage.assemble import build_notifier, unnamed_receiver
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import Settings
 from vllm_triage.core.alerts import GO_ZERO_TIME, fingerprint, go_time
@@ -201,12 +201,14 @@ class TestWebhook:
         assert [b["status"] for b in queued(everything)] == ["firing", "resolved"]
 
     def test_every_receiver_gets_its_own_queue(self, client: httpx.AsyncClient) -> None:
-        n = build_notifier(settings(webhook(), webhook(name="b"), webhook()), client, EXTERNAL)
-        assert [d.name for d in n.deliveries] == [
-            "alertmanager_webhook-0",
-            "b",
-            "alertmanager_webhook-2",
-        ]
+        a, c = webhook(url="http://127.0.0.1:9/a"), webhook(url="http://127.0.0.1:9/c")
+        n = build_notifier(settings(a, webhook(name="b"), c), client, EXTERNAL)
+        first, named, third = (d.name for d in n.deliveries)
+        assert named == "b"
+        # Unnamed: known by type and URL, whatever their position.
+        assert first == unnamed_receiver("alertmanager_webhook", a["url"]) != third
+        reordered = build_notifier(settings(c, a), client, EXTERNAL)
+        assert [d.name for d in reordered.deliveries] == [third, first]
         n.notify(TARGET, [fire()], now=T0)
         assert [queued(d)[0]["receiver"] for d in n.deliveries] == [d.name for d in n.deliveries]
 

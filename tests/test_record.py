@@ -78,7 +78,10 @@ class TestFetch:
         client = httpx.AsyncClient(
             transport=httpx.MockTransport(lambda r: httpx.Response(200, stream=body))
         )
-        with BlockingFetcher(client) as fetcher, pytest.raises(ScrapeError, match="larger than 1000"):
+        with (
+            BlockingFetcher(client) as fetcher,
+            pytest.raises(ScrapeError, match="larger than 1000"),
+        ):
             fetcher.fetch("http://127.0.0.1:1/metrics", timeout=1, max_body_bytes=1000)
 
     def test_timeout(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,7 @@ class TestLayers:
         )
         s = load_settings()
         assert [r.type for r in s.receivers] == ["slack"]
-        assert receiver_name(s, 0) == "slack-0"
+        assert re.fullmatch(r"slack-[0-9a-f]{8}", receiver_name(s, 0))
 
     def test_alerting_from_env_nested(self, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("VLLM_TRIAGE_ALERTING__SEVERITY", "critical")

@@ -88,8 +88,9 @@ def flags(args: argparse.Namespace) -> dict[str, Any]:
         out["targets"] = args.target
     if args.webhook:
         out["receivers"] = [
-            {"type": "alertmanager_webhook", "url": url, "name": f"webhook-{i}"}
-            for i, url in enumerate(args.webhook)
+            # Unnamed: known by type and URL, so reordering the flags moves nothing.
+            {"type": "alertmanager_webhook", "url": url}
+            for url in args.webhook
         ]
     return out
 

@@ -458,6 +458,17 @@ class Settings(BaseSettings):
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ValueError(f"{kind}: names must be unique, repeated: {', '.join(dupes)}")
+        # An unnamed receiver is known by its type and URL: the same one twice would
+        # share one queue and log, and hear everything twice.
+        unnamed = [
+            (r.type, r.url.get_secret_value().rstrip("/")) for r in self.receivers if r.name is None
+        ]
+        twice = sorted({t for t, u in unnamed if unnamed.count((t, u)) > 1})
+        if twice:
+            raise ValueError(
+                f"receivers: the same {', '.join(twice)} receiver (type and url) is given "
+                "twice; remove one, or name each"
+            )
         return self
 
     @property

@@ -29,6 +29,7 @@ that URL can be configured.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import time
@@ -110,6 +111,7 @@ class Delivery:
         #: and of the one being tried: removed only once it is delivered or given up.
         self._rows: deque[int | None] = deque()
         self._trying: int | None = None
+        self._current: Notification | None = None
         #: Undelivered at shutdown but kept in the store for the next start.
         self.kept = 0
         self._ready = asyncio.Event()
@@ -134,7 +136,25 @@ class Delivery:
         self._append(row, n)
 
     def restore(self, kept: list[tuple[int, Notification]]) -> None:
-        """Queue what a previous run left undelivered (before anything new), in order."""
+        """Queue what a previous run left undelivered (before anything new), in order.
+        Beyond ``queue_size`` the oldest are dropped as a full queue drops them: counted,
+        and said in one line however many they are."""
+        over = max(0, len(kept) - self.settings.queue_size)
+        if over:
+            dropped, kept = kept[:over], kept[over:]
+            store = self._store
+            with store.batch() if store is not None else contextlib.nullcontext():
+                for row, _ in dropped:
+                    self._forget(row)
+            self.stats.dropped += over
+            log.error(
+                "notifications_dropped",
+                receiver=self.name,
+                count=over,
+                first=dropped[0][1].what,
+                last=dropped[-1][1].what,
+                why=f"more undelivered than queue_size ({self.settings.queue_size}) at start",
+            )
         for row, n in kept:
             self._append(row, n)
         if kept:
@@ -166,12 +186,20 @@ class Delivery:
                 continue
             n = self._queue.popleft()
             self._trying = self._rows.popleft()
+            self._current = n
             self._busy = True
             # Its row stays in the store while it is tried: a shutdown or a kill in the
             # middle leaves it for the next start.
             await self._deliver(n)
             self._forget(self._trying)
-            self._trying = None
+            self._trying = self._current = None
+
+    def resync(self, store: StateStore) -> None:
+        """The store came back empty after a failing disk: keep what is pending again,
+        the one being tried first, each under its new row."""
+        if self._current is not None:
+            self._trying = store.enqueue(self.name, self._current)
+        self._rows = deque(store.enqueue(self.name, n) for n in self._queue)
 
     async def wait_idle(self) -> None:
         await self._idle.wait()

@@ -71,6 +71,14 @@ class Notifier:
             )
             store.forget_receiver(receiver)
 
+    def resync(self, store: StateStore) -> None:
+        """The store came back empty after a failing disk: the alerts firing now and what
+        each receiver was last told, written afresh."""
+        for alert in self.active.values():
+            store.put_alert(alert)
+        for (receiver, key), last in self.log.items():
+            store.put_log(receiver, key, last)
+
     def resolve_gone(self, targets: set[str], now: float) -> None:
         """Resolve the restored alerts of targets no longer configured: nothing will ever
         evaluate them again, and a receiver told they fire would show them for ever."""

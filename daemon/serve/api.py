@@ -18,7 +18,7 @@ from typing import Any
 from vllm_triage.core.model import Transition
 from vllm_triage.core.report import diagnosis_dict, iso, transition_dict
 from vllm_triage.net.redact import safe_url
-from vllm_triage.state import ProbeStats, TargetState
+from vllm_triage.state import ProbeStats, StoreStatus, TargetState
 
 
 def _finite(value: Any) -> Any:
@@ -98,9 +98,22 @@ def target_json(t: TargetState) -> dict[str, Any]:
 
 
 def diagnoses_json(
-    targets: Iterable[TargetState], *, now: float, only: str | None = None
+    targets: Iterable[TargetState],
+    *,
+    now: float,
+    only: str | None = None,
+    store: StoreStatus | None = None,
 ) -> dict[str, Any]:
-    return {
+    doc: dict[str, Any] = {
         "generated_at": iso(now),
         "targets": [target_json(t) for t in targets if only is None or t.name == only],
     }
+    if store is not None:
+        # Whether a restart now would keep open incidents and undelivered notifications.
+        doc["state_store"] = {
+            "path": store.path,
+            "durable": store.durable,
+            "error": store.error or None,
+            "write_failures": store.write_failures,
+        }
+    return doc

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from vllm_triage import __version__
 from vllm_triage.core.model import CAUSES, Quantile, Signals
 from vllm_triage.core.names import label_value
-from vllm_triage.state import ReceiverView, TargetState
+from vllm_triage.state import ReceiverView, StoreStatus, TargetState
 
 P = "vllm_triage_"
 DIAGNOSES = ("healthy", *CAUSES)
@@ -190,9 +190,11 @@ class TriageCollector(Collector):
         self,
         targets: Callable[[], Sequence[TargetState]],
         deliveries: Callable[[], Sequence[ReceiverView]],
+        store: Callable[[], StoreStatus | None] = lambda: None,
     ) -> None:
         self._targets = targets
         self._deliveries = deliveries
+        self._store = store
 
     def collect(self) -> Iterable[Metric]:
         targets = list(self._targets())
@@ -202,6 +204,7 @@ class TriageCollector(Collector):
         yield from self._diagnoses(targets)
         yield from self._probes(targets)
         yield from self._notifications()
+        yield from self._state_store()
         info = GaugeMetricFamily(
             P + "build_info", "vllm-triage's version.", labels=("version", "python_version")
         )
@@ -409,18 +412,37 @@ class TriageCollector(Collector):
             pending.add_metric((d.name,), d.pending)
         yield from (sent, retried, failed, dropped, pending)
 
+    def _state_store(self) -> Iterator[Metric]:
+        """Only when the daemon keeps state (``state_dir``)."""
+        status = self._store()
+        if status is None:
+            return
+        durable = GaugeMetricFamily(
+            P + "state_durable",
+            "1 while the state store writes (open incidents and undelivered notifications "
+            "survive a restart); 0 while the disk fails and the state is in memory only.",
+        )
+        durable.add_metric((), float(status.durable))
+        failures = CounterMetricFamily(
+            P + "state_write_failures",
+            "Writes to the state store that failed (a full, read-only or failing disk).",
+        )
+        failures.add_metric((), status.write_failures)
+        yield from (durable, failures)
+
 
 def build_registry(
     targets: Callable[[], Sequence[TargetState]],
     deliveries: Callable[[], Sequence[ReceiverView]],
     *,
+    store: Callable[[], StoreStatus | None] = lambda: None,
     process_metrics: bool = True,
 ) -> CollectorRegistry:
     """A registry of our own: no platform collectors from the global one. The daemon's own
     CPU and memory (process_*), for its resource limits, unless ``process_metrics`` is off
     (the golden file leaves them out: they differ on every run)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TriageCollector(targets, deliveries))
+    registry.register(TriageCollector(targets, deliveries, store))
     if process_metrics:
         ProcessCollector(registry=registry)
     return registry

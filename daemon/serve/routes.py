@@ -34,7 +34,7 @@ from vllm_triage.page.render import content_security_policy, status_page
 from vllm_triage.page.spec import load_spec
 from vllm_triage.serve.api import diagnoses_json
 from vllm_triage.serve.status import live_document
-from vllm_triage.state import TargetState
+from vllm_triage.state import StoreStatus, TargetState
 
 StartResponse = Callable[..., Any]
 #: Routes whose answer is rendered on a worker thread; the rest are answered at once.
@@ -62,10 +62,13 @@ class Endpoints:
         ready: Callable[[], bool],
         clock: Callable[[], float] = time.time,
         series: SeriesDocument | None = None,
+        *,
+        store: Callable[[], StoreStatus | None] = lambda: None,
     ) -> None:
         self._metrics = make_wsgi_app(registry)
         self._targets = targets
         self._ready = ready
+        self._store = store
         self._clock = clock
         self._series = series or (lambda now: live_document(self._targets(), now=now))
         spec = load_spec()
@@ -109,7 +112,7 @@ class Endpoints:
                 error = {"error": f"no target named {only!r}", "targets": known}
                 body = json.dumps(error, indent=2).encode("utf-8") + b"\n"
                 return _reply(start_response, "404 Not Found", body, ctype="application/json")
-            doc = diagnoses_json(targets, now=self._clock(), only=only)
+            doc = diagnoses_json(targets, now=self._clock(), only=only, store=self._store())
             body = json.dumps(doc, indent=2, allow_nan=False).encode("utf-8") + b"\n"
             return _reply(start_response, "200 OK", body, ctype="application/json")
         if path == "/api/v1/series":
