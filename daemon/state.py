@@ -180,6 +180,8 @@ class TargetState:
     transitions: int = 0
     #: model_name values left out because the target exposed too many.
     models_dropped: int = 0
+    #: Fleet mode's query API only: servers beyond ``prometheus.max_servers`` now.
+    servers_left_out: int | None = None
     recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))
     #: The active probe's counts, when the target has one.
     probe: ProbeStats | None = None

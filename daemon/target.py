@@ -24,6 +24,7 @@ from vllm_triage.core.evaluate import Evaluation, Evaluator
 from vllm_triage.core.incidents import TrackRecord
 from vllm_triage.core.model import ProbeStatus, Signals, Snapshot, Transition
 from vllm_triage.core.rulebook import Rulebook
+from vllm_triage.core.signals import INCONSISTENT_RESETS
 from vllm_triage.logs import Throttle
 from vllm_triage.notify.notifier import Notifier
 from vllm_triage.state import History, TargetState, View
@@ -99,6 +100,7 @@ class Target:
         self._notifier = notifier
         self._store = store
         self._problems = Throttle()
+        self._inconsistent = Throttle()
         #: The incident state last written to the store (written again only on change).
         self._saved: tuple[TrackRecord, ...] = ()
         if store is not None:
@@ -180,6 +182,7 @@ class Target:
         if evaluation.problems:
             st.series_problems += len(evaluation.problems)
             self._log_problems(evaluation.problems)
+        self._log_inconsistent(evaluation)
         if not evaluation.accepted:
             log.warning("snapshot_out_of_order", target=st.name, at=at)
             return
@@ -204,6 +207,27 @@ class Target:
                 st.incidents_opened[(t.model_name, t.cause)] += 1
         if evaluation.transitions and self._notifier is not None:
             self._notifier.notify(st.name, evaluation.transitions, now=at)
+
+    def _log_inconsistent(self, evaluation: Evaluation) -> None:
+        """Counters that go back and forth (two servers behind one address): their rates
+        are left out by the core; said once a minute at most while it lasts."""
+        resets = {
+            m: s.counter_resets
+            for m, s in evaluation.signals.items()
+            if s.counter_resets >= INCONSISTENT_RESETS
+        }
+        if not resets:
+            self._inconsistent.clear()
+            return
+        if self._inconsistent.due():
+            log.warning(
+                "counters_inconsistent",
+                target=self.state.name,
+                resets_in_window=resets,
+                consequence="rates and latencies of this target are left out: is more than "
+                "one server behind its address?",
+            )
+            self._inconsistent.logged()
 
     def _log_problems(self, problems: tuple[str, ...]) -> None:
         """Unusable series are counted on every scrape and logged once a minute at most

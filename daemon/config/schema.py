@@ -41,13 +41,20 @@ from vllm_triage.core.parse import (
 from vllm_triage.errors import ConfigError
 from vllm_triage.net.redact import safe_url
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+#: Every section: frozen, unknown keys refused, and no number that is not finite
+#: (``inf`` or ``nan`` would pass a ``gt=0`` and break the arithmetic or the scheduler).
+_FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+#: A duration a person sets (an interval, a window, a timeout, a retry step): at least
+#: 50 ms (1e-9 s would make the scheduler spin) and at most a week.
+Duration = Annotated[float, Field(ge=0.05, le=7 * 86400)]
+#: A latency objective: above zero (an ITL SLO is a few milliseconds), at most an hour.
+Latency = Annotated[float, Field(gt=0, le=3600)]
 
 
 class SloSettings(BaseModel):
     model_config = _FROZEN
-    ttft_p99_seconds: float = Field(gt=0)
-    itl_p99_seconds: float = Field(gt=0)
+    ttft_p99_seconds: Latency
+    itl_p99_seconds: Latency
     waiting_requests: float = Field(gt=0)
 
 
@@ -84,7 +91,7 @@ class ThresholdSettings(BaseModel):
     itl_spike_ratio: float = Field(gt=1)
     near_ceiling_ratio: float = Field(gt=0, le=1)
     roofline_impossible_ratio: float = Field(gt=1)
-    stall_after_seconds: float = Field(gt=0)
+    stall_after_seconds: Duration
     dram_active_busy: float = Field(gt=0, le=1)
 
 
@@ -227,8 +234,8 @@ class ProbeSettings(BaseModel):
 
     model_config = _FROZEN
     enabled: bool = False
-    interval_seconds: float = Field(default=30.0, gt=0)
-    timeout_seconds: float = Field(default=30.0, gt=0)
+    interval_seconds: Duration = 30.0
+    timeout_seconds: Duration = 30.0
     url: HttpUrl | None = None
     model: str | None = Field(default=None, min_length=1)
     user: str = Field(default="vllm-triage-probe", min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
@@ -339,11 +346,14 @@ class PrometheusSourceSettings(HttpAuth):
     url: HttpUrl = Field(repr=False)
     selector: Selector = ""
     identity_labels: list[LabelName] = Field(default=["job", "instance"], min_length=1)
-    timeout_seconds: float = Field(default=10, gt=0)
+    timeout_seconds: Duration = 10
     shard: ShardSettings = ShardSettings()
     dcgm: DcgmSettings = DcgmSettings()
     servers: list[ServerRule] = Field(default_factory=list)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
+    #: Servers judged at most per replica; the rest are counted and logged once. About
+    #: 100 KB of memory each (docs/benchmarks.md): 2,000 fit the StatefulSet's 256 MiB.
+    max_servers: int = Field(default=2000, ge=1)
 
 
 ReceiverType = Literal["alertmanager_webhook", "alertmanager", "slack"]
@@ -364,16 +374,16 @@ class ReceiverSettings(HttpAuth):
     send_resolved: bool = True
     #: Re-notify an incident that is still firing after this long (Alertmanager's
     #: repeat_interval; its default is 4 h).
-    repeat_interval_seconds: float = Field(default=4 * 3600, gt=0)
+    repeat_interval_seconds: Duration = 4 * 3600
     #: ``alertmanager`` only: how often active alerts are re-sent so that Alertmanager
     #: does not expire them (Prometheus re-sends every minute).
-    resend_seconds: float = Field(default=60, gt=0)
-    timeout_seconds: float = Field(default=10, gt=0)
+    resend_seconds: Duration = 60
+    timeout_seconds: Duration = 10
     #: A failed delivery is retried with exponential backoff and jitter for this long,
     #: then counted and logged as failed. Long enough to ride out a receiver restart.
-    retry_for_seconds: float = Field(default=900, gt=0)
-    retry_initial_seconds: float = Field(default=1, gt=0)
-    retry_max_seconds: float = Field(default=60, gt=0)
+    retry_for_seconds: Duration = 900
+    retry_initial_seconds: Duration = 1
+    retry_max_seconds: Duration = 60
     #: Notifications waiting for this receiver beyond this many are dropped, oldest
     #: first, each one counted and logged.
     queue_size: int = Field(default=1000, ge=1)
@@ -399,9 +409,10 @@ class Settings(BaseSettings):
         env_nested_delimiter="__",
         extra="forbid",
         frozen=True,
+        allow_inf_nan=False,
     )
 
-    window_seconds: float = Field(gt=0)
+    window_seconds: Duration
     slo: SloSettings
     incident: IncidentRules
     thresholds: ThresholdSettings
@@ -410,9 +421,9 @@ class Settings(BaseSettings):
 
     # The daemon (``vllm-triage run``).
     listen: ListenAddress = "0.0.0.0:9468"
-    interval_seconds: float = Field(default=5.0, gt=0)
+    interval_seconds: Duration = 5.0
     #: Default: 80 % of the interval, at most 10 s, so one scrape ends before the next.
-    scrape_timeout_seconds: float | None = Field(default=None, gt=0)
+    scrape_timeout_seconds: Duration | None = None
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     #: A target exposing more model_name values than this (a misbehaving exporter, a
     #: label used for request ids) keeps its first ones; the rest are counted in
@@ -424,7 +435,7 @@ class Settings(BaseSettings):
     max_lines_per_scrape: int = Field(default=DEFAULT_MAX_LINES, ge=100)
     max_line_length: int = Field(default=DEFAULT_MAX_LINE_LENGTH, ge=256)
     max_label_value_length: int = Field(default=DEFAULT_MAX_LABEL_VALUE_LENGTH, ge=64)
-    shutdown_grace_seconds: float = Field(default=10.0, gt=0)
+    shutdown_grace_seconds: Duration = 10.0
     #: Where open incidents, the notification log and undelivered notifications survive
     #: a restart (one SQLite file; see rules/defaults.yaml). ``auto``: ``vllm-triage run``
     #: keeps them in $XDG_STATE_HOME/vllm-triage, nothing else keeps any; null: none.
@@ -447,6 +458,16 @@ class Settings(BaseSettings):
                     "source: prometheus discovers its targets; remove `targets` (or use "
                     "source: scrape)"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _window_holds_scrapes(self) -> Settings:
+        if self.window_seconds < self.interval_seconds:
+            raise ValueError(
+                f"window_seconds ({self.window_seconds:g}) is shorter than interval_seconds "
+                f"({self.interval_seconds:g}): the window would hold one scrape, and rates "
+                "need two"
+            )
         return self
 
     @model_validator(mode="after")

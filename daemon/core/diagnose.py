@@ -42,6 +42,7 @@ from vllm_triage.core.decode import decode_evidence, decode_remediation
 from vllm_triage.core.facts import Facts, evidence_of, facts_of, rounded
 from vllm_triage.core.model import CAUSES, Cause, Contribution, Diagnosis, Signals
 from vllm_triage.core.rulebook import Rulebook
+from vllm_triage.core.signals import INCONSISTENT_RESETS
 from vllm_triage.core.stall import stall_diagnosis
 
 #: The causes judged from the symptoms, in causal order (``stalled`` is judged first, alone).
@@ -107,6 +108,11 @@ def diagnose(
             if thin
             else ""
         )
+        if s.counter_resets >= INCONSISTENT_RESETS:
+            # Nothing can breach from counters that go back and forth: say why, so a
+            # quiet verdict is not read as a healthy server.
+            steady["counter_resets_in_window"] = s.counter_resets
+            summary = f"counters inconsistent: {s.missing['generation_tokens_per_second']}"
         return Diagnosis(
             model_name=s.model_name,
             at=s.at,

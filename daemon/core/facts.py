@@ -18,6 +18,7 @@ from vllm_triage.core import roofline
 from vllm_triage.core.model import Diagnosis, Quantile, Signals
 from vllm_triage.core.roofline import StepRoofline
 from vllm_triage.core.rulebook import Rulebook
+from vllm_triage.core.signals import INCONSISTENT_RESETS
 
 
 def quantile_value(q: Quantile | None) -> float | None:
@@ -174,6 +175,8 @@ def evidence_of(
         ev["decode_ceiling_ratio"] = f.ceiling_ratio
     if f.roofline is not None:
         ev.update(roofline.evidence(f.roofline))
+    if s.counter_resets >= INCONSISTENT_RESETS:
+        ev["counter_resets_in_window"] = s.counter_resets
     return rounded(ev)
 
 

@@ -251,6 +251,10 @@ class Signals:
     #: Share of cycles the card's memory interface was busy over the window (DCGM's
     #: ``DCGM_FI_PROF_DRAM_ACTIVE``, mean over the server's GPUs); fleet mode only.
     dram_active_mean: float | None = None
+    #: Scrapes in the window whose counters went backwards. One is a restart; two or
+    #: more (``core.signals.INCONSISTENT_RESETS``) is a target that is not one server
+    #: (a load balancer alternating between two), and its rates are left out.
+    counter_resets: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +295,8 @@ class WindowTotals:
     kv_pool_tokens: int | None = None
     #: Histogram fields whose bucket bounds changed inside the window.
     layout_changed: frozenset[str] = frozenset()
+    #: Scrapes in the window whose counters went backwards (see ``Signals``).
+    counter_resets: int = 0
     dram_active_mean: float | None = None
     #: The engine's progress (the sidecar's window watches it across snapshots); when
     #: ``None``, ``progress_missing`` says why.

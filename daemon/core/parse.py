@@ -51,7 +51,8 @@ _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _QUOTED = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
 _LABEL_PAIR = rf"[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*{_QUOTED}"
 _LABELS = rf"[ \t]*(?:{_LABEL_PAIR}[ \t]*(?:,[ \t]*{_LABEL_PAIR}[ \t]*)*(?:,[ \t]*)?)?"
-_VALUE = r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|Inf|inf|NaN|nan)"
+_HEX = r"0[xX](?:[0-9a-fA-F]+(?:\.[0-9a-fA-F]*)?|\.[0-9a-fA-F]+)[pP][+-]?[0-9]+"
+_VALUE = rf"[+-]?(?:{_HEX}|(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|Inf|inf|NaN|nan)"
 #: One sample line of text format 0.0.4: name, optional labels, value, optional timestamp.
 _SAMPLE_LINE = re.compile(rf"{_NAME}(?:\{{{_LABELS}\}})?[ \t]+{_VALUE}(?:[ \t]+-?[0-9]+)?[ \t]*")
 _LABELS_FULL = re.compile(_LABELS)
@@ -62,9 +63,21 @@ _ESCAPED = {"n": "\n", "\\": "\\", '"': '"'}
 LabelSet = dict[str, str]
 
 
+def number(text: str) -> float:
+    """A sample's value as Prometheus reads it (Go's ``ParseFloat``): decimal, ``Inf``,
+    ``NaN``, and hexadecimal floats (``0x1p3`` is 8.0), which Python's ``float`` refuses.
+    ``ValueError`` if it is none of them."""
+    try:
+        return float(text)
+    except ValueError:
+        if "x" not in text and "X" not in text:
+            raise
+        return float.fromhex(text)
+
+
 def _is_number(text: str) -> bool:
     try:
-        float(text)
+        number(text)
     except ValueError:
         return False
     return True
@@ -303,7 +316,7 @@ class SnapshotParser:
             if not parts or len(parts) > 2 or rest[:1] not in (" ", "\t"):
                 raise ParseError(f"expected a value after the series: {line[:120]!r}", line=lineno)
             try:
-                value = float(parts[0])
+                value = number(parts[0])
                 if len(parts) == 2:
                     int(parts[1])
             except ValueError:

@@ -28,6 +28,14 @@ _MEANS = {
     "generation_length": "mean_generation_tokens",
 }
 
+#: Counter resets within one window that make its counters meaningless: one is a
+#: restarted vLLM (counted from zero, as always); a second within the same window means
+#: the counters go back and forth, as when a target's address reaches two servers in
+#: turn, and every increase summed over them would be invented (44 times too high on one
+#: such target). Its rates and latency histograms are then left out, and the signals say
+#: why.
+INCONSISTENT_RESETS = 2
+
 
 @dataclass(frozen=True, slots=True)
 class _Latency:
@@ -123,6 +131,13 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
             prefill_share = pre.sum / (pre.sum + dec.sum)
     for name in t.layout_changed:
         missing[f"{name}_layout"] = "bucket bounds changed inside the window"
+    if t.counter_resets >= INCONSISTENT_RESETS:
+        why = (
+            f"left out: the counters went backwards {t.counter_resets} times in the window "
+            "(more than one server behind this target's address?)"
+        )
+        for name in (*_RATES.values(), "ttft_p99", "itl_p99", *_MEANS.values()):
+            missing[name] = why
     queued = hists.get("queue_time") if span > 0 else None
     steps = _EngineSteps.of(dict(counters), hists.get("iteration_tokens") if span > 0 else None)
     if t.progress is None:
@@ -178,6 +193,7 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
         spec_accepted_tokens=steps.accepted,
         decode_tokens_per_step=steps.tokens_per_step,
         dram_active_mean=t.dram_active_mean,
+        counter_resets=t.counter_resets,
     )
 
 

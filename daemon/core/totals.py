@@ -30,7 +30,7 @@ from vllm_triage.core.model import (
     WindowTotals,
 )
 from vllm_triage.core.names import COUNTER_FIELDS, HISTOGRAM_FIELDS
-from vllm_triage.core.signals import signals_from_totals
+from vllm_triage.core.signals import INCONSISTENT_RESETS, signals_from_totals
 
 #: The series vLLM writes only when its engine completes a step (docs/physics.md,
 #: "stalled"): token and step counters, the TTFT and ITL observation counts, and the
@@ -316,11 +316,15 @@ class Window:
         weight = sum(w for _, w in weighted)
 
         # Counters and histograms: the steps after the window's first snapshot.
+        model_steps = [steps.get(model) for _, steps in entries[1:]]
         counters, hists, layout_changed = _window_deltas(
-            first.models.get(model),
-            newest.models.get(model),
-            [steps.get(model) for _, steps in entries[1:]],
+            first.models.get(model), newest.models.get(model), model_steps
         )
+        resets = sum(
+            1 for st in model_steps if st is not None and st.restarted & set(COUNTER_FIELDS)
+        )
+        if resets >= INCONSISTENT_RESETS:
+            counters, hists = {}, {}
         newest_series = newest.models.get(model)
         span = newest.at - first.at
         progress = self._progress(
@@ -342,4 +346,5 @@ class Window:
             kv_pool_tokens=newest.kv_pool.tokens if newest.kv_pool is not None else None,
             layout_changed=frozenset(layout_changed),
             progress=progress,
+            counter_resets=resets,
         )

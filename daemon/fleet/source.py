@@ -48,7 +48,7 @@ from vllm_triage.core.signals import signals_from_totals
 from vllm_triage.errors import ScrapeError
 from vllm_triage.fleet.hardware import Card, HardwareResolver
 from vllm_triage.fleet.queries import NAMES_REGEX, FleetQuery, QueryPlan, inner
-from vllm_triage.fleet.signals import Fleet, totals
+from vllm_triage.fleet.signals import Fleet, Server, totals
 from vllm_triage.net.bounded import request
 from vllm_triage.net.redact import safe_url
 from vllm_triage.notify.notifier import Notifier
@@ -156,6 +156,7 @@ class PrometheusSource:
         self._store = store
         self._headers = dict(parts.headers)
         self._last: float | None = None
+        self._said_left_out = False
         self._release_foreign()
 
     def owns(self, name: str) -> bool:
@@ -291,6 +292,11 @@ class PrometheusSource:
         except ScrapeError as exc:
             self.api.failed(exc.reason, str(exc))
             return
+        except asyncio.CancelledError:
+            # Only shutdown cancels a tick: not the API's fault, and letting it out would
+            # make the scheduler log a crash.
+            log.debug("fleet_tick_cancelled")
+            return
         finally:
             api.attempted(now, time.monotonic() - started)
             self.in_flight = False
@@ -314,8 +320,18 @@ class PrometheusSource:
                 body = await self.query(q, at)
             # Read here, not handed back: a finished task keeps its result alive.
             self.last_bytes += len(body)
-            with cyclic_gc_paused():
-                fleet.read(q.key, self.rows(q, body), join)
+            try:
+                with cyclic_gc_paused():
+                    fleet.read(q.key, self.rows(q, body), join)
+            except ScrapeError:
+                raise
+            except Exception as exc:
+                # Whatever a peer's bytes hold, they fail this tick as the API's fault
+                # (counted, logged once), never the scheduler's job with a traceback.
+                raise ScrapeError(
+                    f"unreadable answer ({q.key}): {type(exc).__name__}: {str(exc)[:200]}",
+                    reason="parse",
+                ) from exc
 
         tasks = [asyncio.create_task(one(q)) for q in self.queries]
         self.last_bytes = 0
@@ -326,11 +342,37 @@ class PrometheusSource:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    def _bounded_fleet(self, owned: dict[str, Server]) -> dict[str, Server]:
+        """At most ``max_servers``: the servers already judged first, then the others by
+        name; the rest are counted and said once (a selector that is too broad must not
+        grow memory, alerts and the API document with it)."""
+        cap = self.source.max_servers
+        over = len(owned) - cap
+        self.api.state.servers_left_out = max(0, over)
+        if over <= 0:
+            self._said_left_out = False
+            return owned
+        known = [n for n in sorted(owned) if n in self.targets]
+        rest = [n for n in sorted(owned) if n not in self.targets]
+        keep = (known + rest)[:cap]
+        if not self._said_left_out:
+            self._said_left_out = True
+            log.warning(
+                "fleet_servers_left_out",
+                servers=len(owned),
+                judged=cap,
+                left_out=over,
+                first_left_out=sorted(set(owned) - set(keep))[0][:120],
+                hint="narrow prometheus.selector, shard the fleet, or raise "
+                "prometheus.max_servers (and the memory limit with it)",
+            )
+        return {n: owned[n] for n in keep}
+
     def _judge(self, fleet: Fleet, at: float) -> None:
         window = self.parts.window_seconds
         min_obs = self.parts.min_observations
         join = tuple(self.source.dcgm.join)
-        owned = {n: s for n, s in fleet.servers.items() if self.owns(n)}
+        owned = self._bounded_fleet({n: s for n, s in fleet.servers.items() if self.owns(n)})
         self.seen, self.owned = len(fleet.servers), len(owned)
         for name, target in self.targets.items():
             if name not in owned:

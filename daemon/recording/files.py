@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from pathlib import Path
 
 from vllm_triage.errors import RecordingError
@@ -33,6 +34,30 @@ def recording_files(directory: str | Path) -> list[tuple[float, Path]]:
             f"{d}: no <unix_time_ms>.prom files: not a recording made by `vllm-triage record`"
         )
     return found
+
+
+#: A recorded scrape is read only up to this size, the same bound as a live scrape's
+#: body (``max_body_bytes``' default): a 200 MB file is refused, not read whole first.
+MAX_FILE_BYTES = 16 * 1024 * 1024
+
+
+def read_scrape(path: Path, max_bytes: int = MAX_FILE_BYTES) -> bytes | str:
+    """One recorded scrape's bytes, or why it cannot be used: only a regular file is
+    opened (a FIFO would block for ever, ``/dev/zero`` never ends), and only up to
+    ``max_bytes``."""
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        if st.st_size > max_bytes:
+            return f"larger than {max_bytes} bytes (a scrape is at most that)"
+        with path.open("rb") as f:
+            body = f.read(max_bytes + 1)
+    except OSError as exc:
+        return f"cannot read: {exc.strerror or exc}"
+    if len(body) > max_bytes:
+        return f"larger than {max_bytes} bytes (a scrape is at most that)"
+    return body
 
 
 def write_atomically(directory: Path, at_ms: int, body: bytes) -> Path:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from vllm_triage.core.drive import Driver, Fed, Unusable
 from vllm_triage.core.evaluate import Evaluation, Evaluator
-from vllm_triage.recording.files import recording_files
+from vllm_triage.recording.files import read_scrape, recording_files
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +32,9 @@ def fed(
     gave, or why it could not be used. ``files``: the recording's listing, when the caller
     already took it (a recording may grow while it is read)."""
     for at, path in recording_files(directory) if files is None else files:
-        try:
-            body = path.read_bytes()
-        except OSError as exc:
-            yield Skipped(path, at, f"cannot read: {exc.strerror or exc}")
+        body = read_scrape(path)
+        if isinstance(body, str):
+            yield Skipped(path, at, body)
             continue
         result = driver.feed(body, at)
         yield Skipped(path, at, result.message) if isinstance(result, Unusable) else result

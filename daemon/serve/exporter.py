@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from vllm_triage import __version__
 from vllm_triage.core.model import CAUSES, Quantile, Signals
 from vllm_triage.core.names import label_value
+from vllm_triage.core.signals import INCONSISTENT_RESETS
 from vllm_triage.state import ReceiverView, StoreStatus, TargetState
 
 P = "vllm_triage_"
@@ -201,6 +202,7 @@ class TriageCollector(Collector):
         yield from self._target_health(targets)
         yield from self._signals(targets)
         yield from self._decode_roofline(targets)
+        yield from self._inconsistent(targets)
         yield from self._diagnoses(targets)
         yield from self._probes(targets)
         yield from self._notifications()
@@ -256,6 +258,16 @@ class TriageCollector(Collector):
             for reason, n in sorted(t.failures.items()):
                 failures.add_metric((t.name, reason), n)
         yield from (up, duration, last, scrapes, failures, skipped, problems, dropped)
+        fleet = [t for t in targets if t.servers_left_out is not None]
+        if fleet:  # fleet mode only
+            left_out = GaugeMetricFamily(
+                P + "fleet_servers_left_out",
+                "Servers the query API shows beyond prometheus.max_servers, not judged now.",
+                labels=("target",),
+            )
+            for t in fleet:
+                left_out.add_metric((t.name,), t.servers_left_out or 0)
+            yield left_out
 
     def _signals(self, targets: list[TargetState]) -> Iterator[Metric]:
         # One gauge per quantile, not a ``quantile`` label: Prometheus keeps that label
@@ -281,6 +293,27 @@ class TriageCollector(Collector):
                         fam.add_metric((t.name, label_value(model)), value)
         yield from (fam for fam, _ in quantiles)
         yield from families
+
+    def _inconsistent(self, targets: list[TargetState]) -> Iterator[Metric]:
+        """Only while some model's counters go back and forth (absent otherwise)."""
+        found = [
+            (t.name, model, s.counter_resets)
+            for t in targets
+            if t.up and t.view is not None
+            for model, s in sorted(t.view.evaluation.signals.items())
+            if s.counter_resets >= INCONSISTENT_RESETS
+        ]
+        if not found:
+            return
+        family = GaugeMetricFamily(
+            P + "counter_resets",
+            "Scrapes in the window whose counters went backwards, while two or more (more "
+            "than one server behind the target's address?): its rates are left out.",
+            labels=MODEL,
+        )
+        for name, model, resets in found:
+            family.add_metric((name, label_value(model)), resets)
+        yield family
 
     def _decode_roofline(self, targets: list[TargetState]) -> Iterator[Metric]:
         """The decode step's bytes by part and which resource binds it
