@@ -67,44 +67,49 @@ from vllm_triage.target import Health, Target, TargetParts
 log = structlog.get_logger("vllm_triage.service")
 
 
+def _texts(section: str | None, keys: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """Lists of remediation texts by key, from rules/remediation.yaml (its top level, or
+    one of its sections); a missing or misshapen list names its key."""
+    data = read_bundled("remediation.yaml")
+    where = f"{section}." if section else ""
+    found = data.get(section) if isinstance(data, dict) and section else data
+    if not isinstance(found, dict):
+        raise ConfigError(f"rules/remediation.yaml: {section or 'top level'}: expected a mapping")
+    out: dict[str, tuple[str, ...]] = {}
+    for key in keys:
+        items = found.get(key)
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ConfigError(f"rules/remediation.yaml: {where}{key}: expected a list of strings")
+        out[key] = tuple(items)
+    return out
+
+
 @functools.cache
 def load_remediation() -> dict[Cause, tuple[str, ...]]:
     """The remediation texts; cached, like the GPU table (``gpus.load_gpu_table``), because
     they are immutable package data and every target's rulebook reads them: a daemon
     with 250 targets spent seconds of start-up re-parsing this YAML."""
-    data = read_bundled("remediation.yaml")
-    if not isinstance(data, dict):
-        raise ConfigError("rules/remediation.yaml: expected a mapping of cause to a list")
-    out: dict[Cause, tuple[str, ...]] = {}
-    for cause in CAUSES:
-        items = data.get(cause)
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise ConfigError(f"rules/remediation.yaml: {cause}: expected a list of strings")
-        out[cause] = tuple(items)
-    return out
+    texts = _texts(None, CAUSES)
+    return {cause: texts[cause] for cause in CAUSES}
 
 
 #: The keys of ``decode_roofline`` in rules/remediation.yaml.
 DECODE_TERMS = ("weights", "kv", "draft", "compute", "serving_stack", "settings")
+#: The keys of ``by_kind`` in rules/remediation.yaml.
+KINDS = ("asleep", "stale_gauges", "render")
 
 
 @functools.cache
 def load_decode_remediation() -> dict[str, tuple[str, ...]]:
-    """The decode-bound texts by what the roofline says binds (rules/remediation.yaml,
-    ``decode_roofline``); cached like ``load_remediation``."""
-    data = read_bundled("remediation.yaml")
-    section = data.get("decode_roofline") if isinstance(data, dict) else None
-    if not isinstance(section, dict):
-        raise ConfigError("rules/remediation.yaml: decode_roofline: expected a mapping")
-    out: dict[str, tuple[str, ...]] = {}
-    for term in DECODE_TERMS:
-        items = section.get(term)
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise ConfigError(
-                f"rules/remediation.yaml: decode_roofline.{term}: expected a list of strings"
-            )
-        out[term] = tuple(items)
-    return out
+    """The decode-bound texts by what the roofline says binds (``decode_roofline``)."""
+    return _texts("decode_roofline", DECODE_TERMS)
+
+
+@functools.cache
+def load_kind_remediation() -> dict[str, tuple[str, ...]]:
+    """A cause's texts by its kind (``by_kind``): a stall that is not a hang, a TTFT
+    spent rendering."""
+    return _texts("by_kind", KINDS)
 
 
 def settings_model_size(settings: Settings) -> ModelSize | None:
@@ -193,6 +198,7 @@ def build_rulebook(settings: Settings) -> Rulebook:
         ceiling=ceiling(settings, size),
         roofline=roofline(settings, size),
         decode_remediation=load_decode_remediation(),
+        kind_remediation=load_kind_remediation(),
     )
 
 

@@ -119,7 +119,12 @@ def evidence_text(d: Diagnosis) -> str:
     for key, value in d.evidence.items():
         if value is None:
             continue
-        shown = _format_number(value) if isinstance(value, float) else str(value)
+        if isinstance(value, float):
+            shown = _format_number(value)
+        elif isinstance(value, tuple):
+            shown = ",".join(value)
+        else:
+            shown = str(value)
         parts.append(f"{key}={shown}")
     return ", ".join(parts)
 

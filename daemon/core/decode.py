@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_triage.core import roofline
+from vllm_triage.core.model import EvidenceValue
 from vllm_triage.core.roofline import StepRoofline
 from vllm_triage.core.rulebook import Rulebook, Thresholds
 
@@ -117,10 +118,10 @@ def decode_split(
 
 def decode_evidence(
     limit: str, r: StepRoofline | None, dram_active: float | None, th: Thresholds
-) -> dict[str, float | int | str | bool | None]:
+) -> dict[str, EvidenceValue]:
     """What decided the split, as evidence: the limit, DCGM's reading against the
     roofline, and which settings to check when the floor is impossible."""
-    ev: dict[str, float | int | str | bool | None] = {"decode_limit": limit}
+    ev: dict[str, EvidenceValue] = {"decode_limit": limit}
     dram = _dram(r, dram_active, th)
     if dram is not None:
         ev["decode_dram_active_ratio"] = round(dram.active, 4)

@@ -39,7 +39,7 @@ from __future__ import annotations
 from vllm_triage.core import prose, roofline
 from vllm_triage.core.checks import breaches_of, checks_of, confidence_of, is_present
 from vllm_triage.core.decode import decode_evidence, decode_remediation
-from vllm_triage.core.facts import Facts, evidence_of, facts_of, rounded
+from vllm_triage.core.facts import Facts, evidence_of, facts_of, frontend_bound, rounded
 from vllm_triage.core.model import CAUSES, Cause, Contribution, Diagnosis, Signals
 from vllm_triage.core.rulebook import Rulebook
 from vllm_triage.core.signals import INCONSISTENT_RESETS
@@ -138,6 +138,10 @@ def diagnose(
     if cause != candidates[0]:
         evidence["leading_cause"] = candidates[0]
     remediation = rules.remediation.get(cause, ())
+    if cause == "prefill_bound" and frontend_bound(f):
+        # TTFT spent before the engine sees the request: the frontend's fixes first.
+        evidence["ttft_bound_by"] = "render"
+        remediation = (*rules.kind_remediation.get("render", ()), *remediation)
     if limit is not None:
         evidence.update(decode_evidence(limit, f.roofline, s.dram_active_mean, th))
         remediation = decode_remediation(limit, f.roofline, rules, remediation)

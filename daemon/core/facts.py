@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from vllm_triage.core import roofline
-from vllm_triage.core.model import Diagnosis, Quantile, Signals
+from vllm_triage.core.model import Diagnosis, EvidenceValue, Quantile, Signals
 from vllm_triage.core.roofline import StepRoofline
 from vllm_triage.core.rulebook import Rulebook
 from vllm_triage.core.signals import INCONSISTENT_RESETS
@@ -44,6 +44,7 @@ class Facts:
     kv_headroom_requests: float | None
     kv_tight: bool | None
     queue_share: float | None
+    render_share: float | None
     prefill_share: float | None
     itl_spread: float | None
     itl_p50: float | None
@@ -80,6 +81,15 @@ def _kv_headroom_requests(s: Signals) -> float | None:
     if not s.kv_pool_tokens or usage is None or not footprint or footprint <= 0:
         return None
     return (1.0 - usage) * s.kv_pool_tokens / footprint
+
+
+def _render_share(s: Signals) -> float | None:
+    """Mean rendering in the API server over mean TTFT (TTFT = render + queue + prefill),
+    when the two describe comparable requests: rendering is observed when a request
+    reaches the engine, TTFT at its first token, so early in a burst the counts differ."""
+    if s.render_time_mean is None or s.render_count < max(1.0, 0.5 * s.ttft_count):
+        return None
+    return _ratio(s.render_time_mean, s.ttft_mean)
 
 
 def _queue_share(s: Signals) -> float | None:
@@ -123,6 +133,7 @@ def facts_of(s: Signals, rules: Rulebook) -> Facts:
         kv_headroom_requests=headroom,
         kv_tight=kv_tight,
         queue_share=_queue_share(s),
+        render_share=_render_share(s),
         prefill_share=s.prefill_time_share,
         itl_spread=_ratio(itl, quantile_value(s.itl_p50)),
         itl_p50=quantile_value(s.itl_p50),
@@ -132,12 +143,10 @@ def facts_of(s: Signals, rules: Rulebook) -> Facts:
     )
 
 
-def evidence_of(
-    s: Signals, f: Facts, rules: Rulebook
-) -> dict[str, float | int | str | bool | None]:
+def evidence_of(s: Signals, f: Facts, rules: Rulebook) -> dict[str, EvidenceValue]:
     """The numbers behind a diagnosis, under the names every output uses; rounded, and
     without the unknown ones (``rounded``)."""
-    ev: dict[str, float | int | str | bool | None] = {
+    ev: dict[str, EvidenceValue] = {
         "window_seconds": s.span_seconds,
         "ttft_p99_seconds": quantile_value(s.ttft_p99),
         "ttft_p99_position": s.ttft_p99.position if s.ttft_p99 else None,
@@ -159,6 +168,8 @@ def evidence_of(
         "preemptions_per_second": s.preemptions_per_second,
         "queue_time_mean_seconds": s.queue_time_mean,
         "queue_share_of_ttft": f.queue_share,
+        "render_time_mean_seconds": s.render_time_mean,
+        "render_share_of_ttft": f.render_share,
         "itl_p99_over_p50": f.itl_spread,
         "prefill_time_mean_seconds": s.prefill_time_mean,
         "prefill_time_share": f.prefill_share,
@@ -181,8 +192,8 @@ def evidence_of(
 
 
 def rounded(
-    ev: dict[str, float | int | str | bool | None],
-) -> dict[str, float | int | str | bool | None]:
+    ev: dict[str, EvidenceValue],
+) -> dict[str, EvidenceValue]:
     # A NaN from a broken target must not reach JSON output or a webhook as "NaN".
     return {
         k: (float(f"{v:.6g}") if isinstance(v, float) else v)
@@ -220,3 +231,12 @@ def measurements(s: Signals, d: Diagnosis, rules: Rulebook) -> dict[str, float]:
         if number is not None:
             out[key] = number
     return out
+
+
+#: Rendering at least this share of TTFT makes a TTFT breach the frontend's: the API
+#: server, not the GPU, is where the time goes.
+RENDER_DOMINANT = 0.5
+
+
+def frontend_bound(f: Facts) -> bool:
+    return f.ttft_breach and f.render_share is not None and f.render_share >= RENDER_DOMINANT

@@ -96,6 +96,15 @@ class ModelSeries:
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None
     iteration_tokens: Histogram | None = None
+    #: Chat template, tokenization and multimodal preprocessing in the API server
+    #: (``vllm:request_render_duration_seconds``, vLLM 0.34 on; not per engine).
+    render_time: Histogram | None = None
+    #: With two or more data-parallel engines: each engine's step-driven values
+    #: (``names.PER_ENGINE``), by its ``engine`` label. Empty for one engine.
+    per_engine: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    #: Each engine's sleep state when vLLM's sleep mode is on (``awake``,
+    #: ``weights_offloaded``, ``discard_all``), by its ``engine`` label.
+    sleep: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +185,18 @@ class Progress:
     previous_stall_ended_seconds_ago: float | None = None
     #: Mean seconds between the window's snapshots (the scrape interval, as seen).
     interval_seconds: float | None = None
+    #: Two or more data-parallel engines: each one's seconds without progress with its own
+    #: work outstanding, by ``engine`` label (the fields above show the most stuck one).
+    engines_without: Mapping[str, float] = field(default_factory=dict)
+    #: Engines not awake (vLLM's sleep mode), by ``engine`` label: their sleep state.
+    asleep: Mapping[str, str] = field(default_factory=dict)
+    #: Asleep engines owing work their frozen gauges cannot show: requests the API server
+    #: took beyond those finished since each fell asleep.
+    owed_asleep: Mapping[str, float] = field(default_factory=dict)
+    #: Seconds the running, waiting and KV gauges have sat at the same values, KV above
+    #: zero, while tokens and steps went on (vLLM issues #22545, #29928: gauges left
+    #: stale after mass aborts); 0 while they move.
+    gauges_still_seconds: float = 0.0
 
     @property
     def outstanding(self) -> float | None:
@@ -208,6 +229,10 @@ class Signals:
     itl_count: float = 0.0
     queue_time_mean: float | None = None
     queue_time_count: float = 0.0
+    #: Rendering in the API server (chat template, tokenization, multimodal
+    #: preprocessing; vLLM 0.34 on): its mean over the window's requests, and how many.
+    render_time_mean: float | None = None
+    render_count: float = 0.0
     prefill_time_mean: float | None = None
     decode_time_mean: float | None = None
     prefill_time_share: float | None = None
@@ -304,7 +329,10 @@ class WindowTotals:
     progress_missing: str = "not exposed by this vLLM: no token, step or latency counter"
 
 
-Evidence = Mapping[str, float | int | str | bool | None]
+#: One number (or fact) of a diagnosis's evidence; a tuple of strings names several
+#: things at once (``stalled_engines``) and is a list in JSON.
+EvidenceValue = float | int | str | bool | tuple[str, ...] | None
+Evidence = Mapping[str, EvidenceValue]
 
 
 @dataclass(frozen=True, slots=True)

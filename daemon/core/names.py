@@ -16,6 +16,15 @@ vLLM renamed several series (see ``tests/fixtures/vllm/SOURCES.md`` and vLLM's
   tokens of the prefills that completed plus the tokens generated), both eras. Its
   ``_count`` is also the count of engine steps: the most direct sign that the engine is
   stepping (``ModelSeries.iterations``; ``docs/physics.md``, "stalled").
+- Data-parallel engines: every engine-side series carries ``engine``, the engine's
+  global data-parallel rank (0.8.5 on). The families are read merged over engines, and
+  the progress series (``PER_ENGINE``) also engine by engine, so that one hung engine
+  among several shows (``docs/physics.md``, "stalled").
+- ``vllm:engine_sleep_state{engine, sleep_state}`` (sleep mode, 0.10 on): a 0/1 gauge per
+  state, ``awake``, ``weights_offloaded`` (level 1) or ``discard_all`` (level 2).
+- ``vllm:request_render_duration_seconds`` (0.34 on): chat template, tokenization and
+  multimodal preprocessing in the API server, before the engine sees the request (no
+  ``engine`` label; ``request_type`` is chat or completion). TTFT includes it.
 - Ray Serve re-exports the same families with the prefix ``ray_vllm:``.
 - Since 0.12 every counter and histogram has a ``_created`` sample (exposed by
   prometheus_client as a separate ``..._created`` gauge family); those names are simply
@@ -32,7 +41,7 @@ from typing import Literal
 
 PREFIXES = ("vllm:", "ray_vllm:")
 
-Kind = Literal["gauge", "counter", "bucket", "sum", "count", "info"]
+Kind = Literal["gauge", "counter", "bucket", "sum", "count", "info", "state"]
 Generation = Literal["old", "new", "both"]
 
 
@@ -71,8 +80,10 @@ _HISTOGRAMS: tuple[tuple[str, str, Generation], ...] = (
     ("prompt_length", "request_prompt_tokens", "both"),
     ("generation_length", "request_generation_tokens", "both"),
     ("iteration_tokens", "iteration_tokens_total", "both"),
+    ("render_time", "request_render_duration_seconds", "new"),
 )
 CACHE_CONFIG = "cache_config_info"
+SLEEP_STATE = "engine_sleep_state"
 
 GAUGE_FIELDS = ("running", "waiting", "kv_usage")
 COUNTER_FIELDS = (
@@ -93,7 +104,23 @@ HISTOGRAM_FIELDS = (
     "prompt_length",
     "generation_length",
     "iteration_tokens",
+    "render_time",
 )
+#: The step-driven series read engine by engine too, under the names progress is
+#: watched by (``core.totals``): (field, kind) -> name.
+PER_ENGINE: dict[tuple[str, Kind], str] = {
+    ("running", "gauge"): "running",
+    ("waiting", "gauge"): "waiting",
+    ("kv_usage", "gauge"): "kv_usage",
+    ("generation_tokens", "counter"): "generation_tokens",
+    ("prompt_tokens", "counter"): "prompt_tokens",
+    ("preemptions", "counter"): "preemptions",
+    ("iteration_tokens", "count"): "iterations",
+    ("ttft", "count"): "ttft_count",
+    ("itl", "count"): "itl_count",
+}
+#: Engines read one by one per model at most (a server may show 64); more are merged only.
+MAX_ENGINES = 128
 
 
 def _build() -> dict[str, tuple[str, Spec]]:
@@ -108,6 +135,7 @@ def _build() -> dict[str, tuple[str, Spec]]:
             table[prefix + base + "_sum"] = (prefix, Spec(field, "sum", gen))
             table[prefix + base + "_count"] = (prefix, Spec(field, "count", gen))
         table[prefix + CACHE_CONFIG] = (prefix, Spec("kv_pool", "info", "both"))
+        table[prefix + SLEEP_STATE] = (prefix, Spec("sleep_state", "state", "new"))
     return table
 
 

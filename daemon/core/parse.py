@@ -39,7 +39,15 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from vllm_triage.core.model import Era, Histogram, KVPool, ModelSeries, Snapshot
-from vllm_triage.core.names import COUNTER_FIELDS, GAUGE_FIELDS, HISTOGRAM_FIELDS, PREFIXES, SAMPLES
+from vllm_triage.core.names import (
+    COUNTER_FIELDS,
+    GAUGE_FIELDS,
+    HISTOGRAM_FIELDS,
+    MAX_ENGINES,
+    PER_ENGINE,
+    PREFIXES,
+    SAMPLES,
+)
 from vllm_triage.errors import ParseError, TooCostlyError
 
 _T = TypeVar("_T")
@@ -258,6 +266,8 @@ class SnapshotParser:
         longest = self.limits.max_line_length
         admission = _Admission(self.limits.max_models, keep)
         self.models_dropped, self.first_dropped = 0, ""
+        per_engine: dict[str, dict[str, dict[str, float]]] = {}
+        sleep: dict[str, dict[str, str]] = {}
 
         if "\r" in text:
             text = text.replace("\r\n", "\n")
@@ -337,6 +347,22 @@ class SnapshotParser:
             model = labels.get("model_name", "")
             if not admission.admits(model):
                 continue
+            engine = labels.get("engine")
+            if kind == "state":
+                if engine is not None and value >= 0.5:
+                    engines_asleep = sleep.setdefault(model, {})
+                    if engine in engines_asleep or len(engines_asleep) < MAX_ENGINES:
+                        engines_asleep[engine] = labels.get("sleep_state", "")
+                continue
+            if engine is not None:
+                name = PER_ENGINE.get((spec.field, kind))
+                if name is not None:
+                    by_engine = per_engine.setdefault(model, {})
+                    values = by_engine.get(engine)
+                    if values is None and len(by_engine) < MAX_ENGINES:
+                        values = by_engine[engine] = {}
+                    if values is not None:
+                        values[name] = values.get(name, 0.0) + value
             acc_key = (model, spec.field, spec.generation)
             acc = accs.get(acc_key)
             if acc is None:
@@ -377,7 +403,9 @@ class SnapshotParser:
                 f"{other_prefix_lines} samples with a second vLLM prefix ignored "
                 f"(kept {prefix!r} only, to avoid counting twice)"
             )
-        return _assemble(at, accs, pools, prefix or PREFIXES[0], problems)
+        return _assemble(
+            at, accs, pools, prefix or PREFIXES[0], problems, per_engine=per_engine, sleep=sleep
+        )
 
 
 def finish(steps: Generator[None, None, _T]) -> _T:
@@ -473,6 +501,9 @@ def _assemble(
     pools: list[LabelSet],
     prefix: str,
     problems: list[str],
+    *,
+    per_engine: dict[str, dict[str, dict[str, float]]],
+    sleep: dict[str, dict[str, str]],
 ) -> Snapshot:
     models: dict[str, ModelSeries] = {}
     for model in sorted({m for (m, _, _) in accs}):
@@ -534,6 +565,10 @@ def _assemble(
             spec_draft_tokens=counters.get("spec_draft_tokens"),
             spec_accepted_tokens=counters.get("spec_accepted_tokens"),
             iteration_tokens=hists.get("iteration_tokens"),
+            render_time=hists.get("render_time"),
+            # One engine is the merged series itself: watched as today.
+            per_engine=per_engine.get(model, {}) if len(per_engine.get(model, {})) > 1 else {},
+            sleep=sleep.get(model, {}),
         )
     return Snapshot(
         at=at,

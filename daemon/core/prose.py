@@ -9,7 +9,7 @@ independently; nothing here decides anything. The decode summary's verdict is
 from __future__ import annotations
 
 from vllm_triage.core.decode import TERM_WORDS, decode_split
-from vllm_triage.core.facts import Facts, quantile_value
+from vllm_triage.core.facts import Facts, frontend_bound, quantile_value
 from vllm_triage.core.model import Cause, Signals
 from vllm_triage.core.rulebook import Rulebook
 
@@ -54,6 +54,13 @@ def summary(cause: Cause, s: Signals, f: Facts, rules: Rulebook) -> tuple[str, s
                 if f.waiting_sustained
                 else "with the queue not to blame"
             )
+            if frontend_bound(f):
+                why = (
+                    f"{f.render_share or 0:.0%} of it rendering in the API server (chat "
+                    f"template, tokenization, multimodal preprocessing: "
+                    f"{_fmt(s.render_time_mean, ' s')} mean) before the engine sees a request: "
+                    "the frontend, not the GPU"
+                )
             parts.append(
                 f"TTFT p99 {_fmt(quantile_value(s.ttft_p99), ' s')} > "
                 f"SLO {slo.ttft_p99_seconds:g} s, {why}"

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from vllm_triage.core.model import Histogram, Signals
+from vllm_triage.core.model import EvidenceValue, Histogram, Signals
 from vllm_triage.core.rulebook import Ceiling, Roofline
 
 Bound = Literal["memory", "compute"]
@@ -278,7 +278,7 @@ def terms_by_weight(r: StepRoofline) -> tuple[Term, ...]:
     return ("compute", *memory) if r.bound_by == "compute" else memory
 
 
-def evidence(r: StepRoofline) -> dict[str, float | int | str | bool | None]:
+def evidence(r: StepRoofline) -> dict[str, EvidenceValue]:
     """The roofline's numbers as evidence (per GPU, per engine step)."""
     return {
         "decode_roofline_ratio": r.ratio,

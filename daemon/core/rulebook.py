@@ -109,4 +109,7 @@ class Rulebook:
     ceiling: Ceiling | None = None
     roofline: Roofline | None = None
     decode_remediation: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Fixes by the kind of a cause (``asleep``, ``stale_gauges``: a stall that is not a
+    #: hang; ``render``: a TTFT spent in the API server), before the cause's own.
+    kind_remediation: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     provenance: Mapping[str, str] = field(default_factory=dict)

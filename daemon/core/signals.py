@@ -159,6 +159,8 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
         itl_count=itl.count,
         queue_time_mean=means["queue_time_mean"],
         queue_time_count=queued.count if queued is not None else 0.0,
+        render_time_mean=_mean(hists.get("render_time")) if span > 0 else None,
+        render_count=hists["render_time"].count if span > 0 and "render_time" in hists else 0.0,
         prefill_time_mean=means["prefill_time_mean"],
         decode_time_mean=means["decode_time_mean"],
         prefill_time_share=prefill_share,
@@ -195,6 +197,10 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
         dram_active_mean=t.dram_active_mean,
         counter_resets=t.counter_resets,
     )
+
+
+def _mean(h: Histogram | None) -> float | None:
+    return h.sum / h.count if h is not None and h.count > 0 else None
 
 
 def _latency(

@@ -6,6 +6,18 @@ the engine shows no progress with work outstanding it is ``stalled`` once that h
 lasted long enough, and until then nothing is judged (held); for one window after a
 stall ends its delayed observations are still in the histograms, so nothing else is
 judged on them either.
+
+With data-parallel engines each one is judged on its own (the merged series move while
+any one steps): the server is stalled when any engine with work outstanding is, and the
+evidence names those engines (``stalled_engines``). A stall has a kind
+(``stall_kind``), because its fix does:
+
+- ``hung``: the engine stopped stepping (a stuck kernel or collective): dump and restart;
+- ``asleep``: the engine is in vLLM's sleep mode while requests wait on it: wake it or
+  route around it;
+- ``stale_gauges``: the engine serves (tokens and steps flow) while its running, waiting
+  and KV gauges sit frozen at non-zero values (vLLM issues #22545, #29928, after mass
+  aborts): the gauges are wrong, so neither KV pressure nor queueing is judged from them.
 """
 
 from __future__ import annotations
@@ -14,8 +26,13 @@ from dataclasses import dataclass
 
 from vllm_triage.core.checks import confidence_of
 from vllm_triage.core.facts import rounded
-from vllm_triage.core.model import Diagnosis, Progress, Signals
+from vllm_triage.core.model import Diagnosis, EvidenceValue, Progress, Signals
 from vllm_triage.core.rulebook import Rulebook
+
+#: Frozen gauges over this many scrapes while the counters move hold the judgement (the
+#: gauges may be stale) until they are stale for ``stall_after_seconds``; one identical
+#: pair of scrapes on a steady load is not enough to doubt them.
+STILL_SCRAPES = 2
 
 
 def stall_breach_seconds(rules: Rulebook, interval: float | None, open_after: int) -> float:
@@ -38,6 +55,10 @@ class _Stall:
     stalled: bool  # no progress with work outstanding for breach_at seconds
     frozen: bool  # no progress with work outstanding, not (yet) that long
     aftermath: bool  # a stall ended inside the window
+    kind: str  # hung, asleep or stale_gauges
+    #: The engines stuck (data parallelism; empty for one engine), and of how many.
+    engines: tuple[str, ...] = ()
+    engines_total: int = 0
 
 
 def _stall(s: Signals, rules: Rulebook, open_after: int) -> _Stall | None:
@@ -46,20 +67,38 @@ def _stall(s: Signals, rules: Rulebook, open_after: int) -> _Stall | None:
         return None
     breach_at = stall_breach_seconds(rules, p.interval_seconds, open_after)
     without = p.seconds_without_progress
+    stuck = tuple(e for e, sec in p.engines_without.items() if sec > 0)
+    kind = "hung"
+    if stuck and all(e in p.asleep for e in stuck):
+        kind = "asleep"
+    elif not stuck and without > 0 and p.asleep and not p.engines_without:
+        kind = "asleep"  # one engine, asleep with work outstanding
+    stale = p.gauges_still_seconds
+    if without <= 0 and stale > 0:
+        # Frozen gauges while the counters move: a stall of the gauges, not the engine.
+        return _Stall(
+            progress=p,
+            breach_at=breach_at,
+            stalled=stale >= breach_at,
+            frozen=stale >= STILL_SCRAPES * (p.interval_seconds or 0.0),
+            aftermath=False,
+            kind="stale_gauges",
+        )
     return _Stall(
         progress=p,
         breach_at=breach_at,
         stalled=without > 0 and without >= breach_at,
         frozen=without > 0,
         aftermath=p.previous_stall_seconds is not None and p.previous_stall_seconds >= breach_at,
+        kind=kind,
+        engines=stuck,
+        engines_total=len(p.engines_without),
     )
 
 
-def _stall_evidence(
-    s: Signals, st: _Stall, rules: Rulebook
-) -> dict[str, float | int | str | bool | None]:
+def _stall_evidence(s: Signals, st: _Stall, rules: Rulebook) -> dict[str, EvidenceValue]:
     p = st.progress
-    ev: dict[str, float | int | str | bool | None] = {
+    ev: dict[str, EvidenceValue] = {
         "seconds_without_progress": p.seconds_without_progress,
         "stall_after_seconds": rules.thresholds.stall_after_seconds,
         "last_progress_at": p.last_progress_at,
@@ -73,7 +112,17 @@ def _stall_evidence(
         "previous_stall_seconds": p.previous_stall_seconds,
         "previous_stall_ended_seconds_ago": p.previous_stall_ended_seconds_ago,
         "window_seconds": s.span_seconds,
+        "stall_kind": st.kind if st.stalled or st.frozen else None,
     }
+    if st.engines_total:
+        ev["stalled_engines"] = st.engines
+        ev["engines_stalled"] = f"{len(st.engines)} of {st.engines_total} engines"
+    if p.asleep:
+        ev["engines_asleep"] = tuple(f"{e}:{state}" for e, state in sorted(p.asleep.items()))
+    if p.owed_asleep:
+        ev["requests_owed_while_asleep"] = sum(p.owed_asleep.values())
+    if st.kind == "stale_gauges":
+        ev["gauges_still_seconds"] = p.gauges_still_seconds
     return rounded(ev)
 
 
@@ -85,17 +134,48 @@ def _stalled(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
     probe_check = None if probe is None and p.probe_last_reason is None else probe is not None
     checks: list[bool | None] = [True, gauges, probe_check, "iterations" in p.checked]
     without = p.seconds_without_progress
-    if gauges:
+    if st.engines and all(e in p.owed_asleep for e in st.engines) and not gauges:
+        owed = (
+            f"{sum(p.owed_asleep[e] for e in st.engines):.0f} requests taken by the API "
+            "server and not finished since it fell asleep (its gauges, frozen, cannot show "
+            "them)"
+        )
+    elif gauges:
         owed = (
             f"{p.running or 0:g} requests running and {p.waiting or 0:g} waiting "
             "(gauges frozen at the last engine update)"
         )
     else:
         owed = f"a one-token probe unanswered for {probe or 0:.0f} s while the gauges say idle"
-    summary = (
-        f"engine made no progress for {without:.0f} s with {owed}: no tokens, no engine "
-        "steps; /metrics still answers, so the API server lives and the engine does not"
+    which = (
+        f"engine {', '.join(st.engines)} ({len(st.engines)} of {st.engines_total} engines)"
+        if st.engines_total
+        else "engine"
     )
+    remediation = rules.remediation.get("stalled", ())
+    if st.kind == "stale_gauges":
+        summary = (
+            f"gauges stale for {p.gauges_still_seconds:.0f} s: {p.running or 0:g} running, "
+            f"{p.waiting or 0:g} waiting and KV {p.last_values.get('kv_usage', 0):.0%} have not "
+            "moved while tokens and engine steps went on (vLLM's stale-gauge bug after mass "
+            "aborts, issues #22545 and #29928); neither KV pressure nor queueing is judged "
+            "from them"
+        )
+        checks = [True, gauges, probe_check is not True, None]
+        remediation = rules.kind_remediation.get("stale_gauges", remediation)
+    elif st.kind == "asleep":
+        states = ", ".join(f"{e}: {state}" for e, state in sorted(p.asleep.items()))
+        summary = (
+            f"{which} asleep ({states}) for {without:.0f} s with {owed}: vLLM's sleep mode "
+            "takes no steps until woken; not a hang"
+        )
+        remediation = rules.kind_remediation.get("asleep", remediation)
+    else:
+        summary = (
+            f"{which} made no progress for {without:.0f} s with {owed}: no tokens, no "
+            "engine steps; /metrics still answers, so the API server lives and the engine "
+            "does not"
+        )
     evidence = _stall_evidence(s, st, rules)
     evidence["breaches"] = "no_progress"
     return Diagnosis(
@@ -107,7 +187,7 @@ def _stalled(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
         summary=summary,
         evidence=evidence,
         secondary=(),
-        remediation=rules.remediation.get("stalled", ()),
+        remediation=remediation,
         present=("stalled",),
     )
 
@@ -117,7 +197,13 @@ def _held(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
     stalled (held: no verdict at all), or the window still holds a stall's delayed
     observations (clear: the stall is over, and they are its)."""
     p = st.progress
-    if st.frozen:
+    if st.frozen and st.kind == "stale_gauges":
+        summary = (
+            f"the running, waiting and KV gauges have not moved for "
+            f"{p.gauges_still_seconds:.0f} s while tokens flow: they may be stale, so no "
+            f"cause is judged on them; stale from {st.breach_at:.0f} s"
+        )
+    elif st.frozen:
         summary = (
             f"no engine progress for {p.seconds_without_progress:.0f} s with work "
             f"outstanding: the gauges are frozen, so no other cause is judged on them; "

@@ -16,6 +16,7 @@ Nothing here reads a clock: the window is defined by the snapshots' own ``at``.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -57,7 +58,8 @@ def progress_values(series: ModelSeries) -> dict[str, float]:
 
 @dataclass(slots=True)
 class _Watch:
-    """One model's progress across snapshots (kept while the model is exposed)."""
+    """One model's (or one data-parallel engine's) progress across snapshots (kept while
+    it is exposed)."""
 
     values: dict[str, float]
     seen_at: float  # the last snapshot's time
@@ -65,6 +67,72 @@ class _Watch:
     without: float = 0.0  # seconds without progress, with work outstanding, at seen_at
     #: The last stretch without progress that ended: (seconds it lasted, when it ended).
     stall: tuple[float, float] | None = None
+    #: Since when the scheduler's gauges have sat still at non-zero values while the
+    #: counters moved (vLLM's stale-gauge bug); None while they move or are zero. And the
+    #: generation tokens counted then: still gauges are stale only once more tokens were
+    #: generated than the running requests could without a new KV block.
+    gauges_still_since: float | None = None
+    still_from_tokens: float = 0.0
+    #: Each data-parallel engine's own watch, by its ``engine`` label (two or more).
+    engines: dict[str, _Watch] = field(default_factory=dict)
+    #: Requests the API server took and the engines finished, counted when an engine
+    #: fell asleep (by ``engine``): what it owes since, when its gauges cannot say.
+    asleep_from: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: What each such engine owes now (requests taken beyond those finished).
+    owed_asleep: dict[str, float] = field(default_factory=dict)
+
+
+#: Requests taken beyond those finished, since an engine fell asleep, that say it owes
+#: work: at least this many, and more than this many standard deviations of the count
+#: taken (arrivals are bursty; a few in flight at any time are no backlog).
+OWED_MIN = 5.0
+OWED_SIGMAS = 3.0
+#: The block size assumed when ``cache_config_info`` does not say: vLLM's largest default
+#: (its CPU backend's), so that the stale-gauge test errs towards trusting the gauges.
+DEFAULT_BLOCK_TOKENS = 128
+#: Still gauges are stale once the running requests generated this many blocks' worth of
+#: tokens each without one new block showing in the KV usage.
+STALE_BLOCKS = 2
+
+
+def _stale_for(w: _Watch, newest: Snapshot) -> float:
+    """Seconds the gauges have been stale: still since ``gauges_still_since``, and more
+    tokens generated since then than the frozen running requests could have generated
+    without a new KV block (every ``block_size`` tokens a sequence takes one more block,
+    which moves the usage; requests finishing move it too). 0 when not (yet) so."""
+    since = w.gauges_still_since
+    if since is None:
+        return 0.0
+    block = newest.kv_pool.block_size if newest.kv_pool is not None else DEFAULT_BLOCK_TOKENS
+    generated = w.values.get("generation_tokens", 0.0) - w.still_from_tokens
+    running = max(1.0, w.values.get("running", 0.0))
+    return newest.at - since if generated > STALE_BLOCKS * block * running else 0.0
+
+
+def _gauges(values: dict[str, float]) -> tuple[float | None, ...]:
+    return tuple(values.get(name) for name in PROGRESS_GAUGES)
+
+
+def _update(w: _Watch, values: dict[str, float], at: float, window: float) -> None:
+    """One snapshot's values into a watch: progress when any of them moved."""
+    if values != w.values:
+        # A step happened (a counter up, a gauge moved) or the counters went down: a
+        # restarted server. Either way the engine is not stuck.
+        if w.without > 0 and (
+            w.stall is None or w.without >= w.stall[0] or at - w.stall[1] > window
+        ):
+            w.stall = (w.without, at)
+        counters_moved = any(
+            values.get(k) != w.values.get(k) for k in values if k not in PROGRESS_GAUGES
+        )
+        still = _gauges(values) == _gauges(w.values) and (values.get("kv_usage") or 0.0) > 0
+        if not (still and counters_moved):
+            w.gauges_still_since = None
+        elif w.gauges_still_since is None:
+            w.gauges_still_since = w.seen_at
+            w.still_from_tokens = w.values.get("generation_tokens", 0.0)
+        w.values, w.progress_at = values, at
+    w.seen_at = at
 
 
 def _without_progress(values: dict[str, float], progress_at: float, snapshot: Snapshot) -> float:
@@ -246,16 +314,52 @@ class Window:
                 # target was down or restarting): what happened in between is unknown,
                 # so the watch starts again here rather than count the gap as a stall.
                 w = self._watch[name] = _Watch(values, at, at)
-            elif values != w.values:
-                # A step happened (a counter up, a gauge moved) or the counters went down:
-                # a restarted server. Either way the engine is not stuck.
-                if w.without > 0 and (
-                    w.stall is None or w.without >= w.stall[0] or at - w.stall[1] > self.seconds
-                ):
-                    w.stall = (w.without, at)
-                w.values, w.progress_at = values, at
-            w.seen_at = at
+            else:
+                _update(w, values, at, self.seconds)
             w.without = _without_progress(values, w.progress_at, snapshot)
+            owed_asleep = self._owed_while_asleep(w, series)
+            if not series.per_engine and owed_asleep:
+                w.without = max(w.without, at - w.progress_at)
+            self._watch_engines(w, series, snapshot, owed_asleep)
+
+    def _owed_while_asleep(self, w: _Watch, series: ModelSeries) -> dict[str, float]:
+        """Engines asleep with requests waiting on them that their frozen gauges cannot
+        show: since one fell asleep, the API server took more requests (its render
+        histogram's count, vLLM 0.34 on) than the engines finished, by more than chance."""
+        asleep = {e for e, state in series.sleep.items() if state != "awake"}
+        for engine in [e for e in w.asleep_from if e not in asleep]:
+            del w.asleep_from[engine]
+        taken = series.render_time.count if series.render_time is not None else None
+        done = series.requests_finished
+        if taken is None or done is None:
+            return {}
+        owed: dict[str, float] = {}
+        for engine in asleep:
+            start = w.asleep_from.setdefault(engine, (taken, done))
+            arrived, finished = taken - start[0], done - start[1]
+            if arrived - finished > max(OWED_MIN, OWED_SIGMAS * math.sqrt(max(arrived, 1.0))):
+                owed[engine] = arrived - finished
+        w.owed_asleep = owed
+        return owed
+
+    def _watch_engines(
+        self, w: _Watch, series: ModelSeries, snapshot: Snapshot, owed_asleep: dict[str, float]
+    ) -> None:
+        """Each data-parallel engine on its own: the merged series move while any one
+        engine steps, so a hung engine among several shows only here. Its work
+        outstanding is its own gauges' (the probe is the server's, not an engine's), or,
+        asleep, what the API server took beyond what was finished (``owed_asleep``)."""
+        at = snapshot.at
+        for engine in [e for e in w.engines if e not in series.per_engine]:
+            del w.engines[engine]
+        for engine, values in series.per_engine.items():
+            ew = w.engines.get(engine)
+            if ew is None or at - ew.seen_at > self.seconds:
+                ew = w.engines[engine] = _Watch(dict(values), at, at)
+            else:
+                _update(ew, dict(values), at, self.seconds)
+            owed = values.get("running", 0.0) + values.get("waiting", 0.0)
+            ew.without = at - ew.progress_at if owed > 0 or engine in owed_asleep else 0.0
 
     def _progress(self, model: str, newest: Snapshot, interval: float | None) -> Progress | None:
         w = self._watch.get(model)
@@ -263,14 +367,24 @@ class Window:
             # Gauges alone can sit still on a busy server: without a counter that must
             # move when the engine steps, "no progress" cannot be told from "steady".
             return None
+        series = newest.models.get(model)
+        engines = {e: ew.without for e, ew in sorted(w.engines.items())}
+        # The server is as stuck as its most stuck engine: the merged series move while
+        # any one engine steps. Its frozen values are the ones the evidence shows.
+        worst = max(w.engines.items(), key=lambda kv: kv[1].without, default=None)
+        shown = worst[1] if worst is not None and worst[1].without > w.without else w
         stall = w.stall
         recent = stall is not None and newest.at - stall[1] <= self.seconds
         probe = newest.probe
         return Progress(
-            last_progress_at=w.progress_at,
-            seconds_without_progress=w.without,
-            running=w.values.get("running"),
-            waiting=w.values.get("waiting"),
+            last_progress_at=shown.progress_at,
+            seconds_without_progress=shown.without,
+            engines_without=engines,
+            asleep={e: st for e, st in (series.sleep if series else {}).items() if st != "awake"},
+            owed_asleep=dict(w.owed_asleep),
+            gauges_still_seconds=_stale_for(w, newest),
+            running=shown.values.get("running"),
+            waiting=shown.values.get("waiting"),
             probe_unanswered_seconds=(
                 newest.at - probe.unanswered_since
                 if probe is not None and probe.unanswered_since is not None
@@ -278,7 +392,7 @@ class Window:
             ),
             probe_last_reason=probe.last_reason if probe is not None else None,
             checked=tuple(w.values),
-            last_values=dict(w.values),
+            last_values=dict(shown.values),
             previous_stall_seconds=stall[0] if stall is not None and recent else None,
             previous_stall_ended_seconds_ago=(
                 newest.at - stall[1] if stall is not None and recent else None
