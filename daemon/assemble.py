@@ -449,6 +449,8 @@ def build_fleet(
         new_target=new_target,
         api=api,
         headers={"Accept": "application/json", "Accept-Encoding": "gzip", **auth_headers(source)},
+        # Prometheus' range must hold several of its own scrapes: a minute at least.
+        stall_seconds=max(settings.thresholds.stall_after_seconds, 60.0),
     )
     return PrometheusSource(parts, client=client, notifier=notifier, clock=clock, store=store)
 

@@ -82,9 +82,10 @@ def window_at(scenario: str, at: float) -> Window:
 
 
 def without_progress(s: Signals) -> Signals:
-    """The sidecar's signals as fleet mode has them: its queries measure no progress."""
+    """The sidecar's signals as fleet mode has them when the query API answers no progress
+    rows (this fake answers none; they are tested apart)."""
     missing = dict(s.missing)
-    missing["progress"] = "not measured in fleet mode (no progress query yet)"
+    missing["progress"] = "not exposed: no token, step or scheduler series per engine"
     return dataclasses.replace(s, progress=None, missing=missing)
 
 

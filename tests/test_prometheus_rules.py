@@ -65,7 +65,7 @@ class TestPromtool:
     def test_check_rules(self) -> None:
         result = promtool("check", "rules", str(RULES))
         assert result.returncode == 0, result.stdout + result.stderr
-        assert "SUCCESS: 31 rules found" in result.stdout
+        assert "SUCCESS: 34 rules found" in result.stdout
 
     def test_each_scenario_fires_exactly_its_alert(self) -> None:
         """promtool test rules over every committed test file: each simulated scenario,

@@ -116,6 +116,10 @@ class QueryPlan:
     dcgm_join: tuple[str, ...] = ()
     dcgm_gpu_metric: str = "DCGM_FI_DEV_FB_USED"
     dcgm_dram_metric: str = "DCGM_FI_PROF_DRAM_ACTIVE"
+    #: The range over which an engine with work outstanding and no change at all in its
+    #: step-driven series is stalled: at least a minute, so that it holds several scrapes
+    #: of Prometheus' own (``stall_window``).
+    stall_seconds: float = 60.0
 
     @property
     def by(self) -> str:
@@ -164,6 +168,7 @@ class _Builder:
             expr = self._each(field, "counter", f"sum by ({by}) (increase({{s}}[{w}]))")
             out.append(self._query(field, expr))
         out += self._gauges()
+        out += self._progress()
         out.append(self._pool())
         out += self._dcgm()
         return [q for q in out if q is not None]
@@ -199,6 +204,41 @@ class _Builder:
         )
         out.append(self._query("engines", engines))
         return out
+
+    def _progress(self) -> list[FleetQuery | None]:
+        """Engine by engine (``engine``, the data-parallel rank; one engine without the
+        label is one row): how many times its step-driven series changed over the stall
+        range, the fewest requests it had outstanding then, and whether it is awake
+        (vLLM's sleep mode). The merged series move while any one engine steps, so a hung
+        engine among several shows only here."""
+        by, s = f"{self.by}, engine", duration(self.plan.stall_seconds)
+        moved = [
+            self._each(field, kind, f"sum by ({by}) (changes({{s}}[{s}]))", on=by)
+            for field, kind in (
+                ("generation_tokens", "counter"),
+                ("prompt_tokens", "counter"),
+                ("running", "gauge"),
+                ("waiting", "gauge"),
+                ("kv_usage", "gauge"),
+            )
+        ]
+        changes = " + ".join(f"({m})" for m in moved if m is not None) or None
+        owed = [
+            self._each(field, "gauge", f"sum by ({by}) (min_over_time({{s}}[{s}]))", on=by)
+            for field in ("running", "waiting")
+        ]
+        outstanding = " + ".join(f"({o})" for o in owed if o is not None) or None
+        awake_matchers = ", ".join(m for m in ('sleep_state="awake"', self.matchers) if m)
+        awake_exprs = [
+            f"min by ({by}) (last_over_time({_selector(n, awake_matchers)}[{self.w}]))"
+            for n in self._names("sleep_state", "state")
+        ]
+        awake = f" or on ({by}) ".join(f"({e})" for e in awake_exprs) or None
+        return [
+            self._query("engine_changes", changes),
+            self._query("engine_outstanding", outstanding),
+            self._query("engine_awake", awake),
+        ]
 
     def _pool(self) -> FleetQuery | None:
         """``cache_config_info``: each engine's KV pool, per server (labels, not values)."""

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_triage.core.model import GaugeStats, Histogram, WindowTotals
-from vllm_triage.core.names import HISTOGRAM_FIELDS, label_value
+from vllm_triage.core.model import GaugeStats, Histogram, Progress, WindowTotals
+from vllm_triage.core.names import HISTOGRAM_FIELDS, MAX_ENGINES, label_value
 from vllm_triage.fleet.queries import BUCKET_FIELDS, COUNTERS, DCGM_MODEL, POOL_LABELS
 
 Row = Mapping[str, Any]
@@ -45,6 +45,9 @@ class _Model:
     values: dict[str, float] = field(default_factory=dict)
     buckets: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     engines: int = 0
+    #: Per ``engine`` label: its progress rows (``engine_changes``, ``engine_outstanding``,
+    #: ``engine_awake``), at most ``MAX_ENGINES`` engines.
+    by_engine: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -143,6 +146,13 @@ class Fleet:
                 if found is None:
                     found = model.buckets[bucket] = []
                 found.append((le, value))
+            elif key.startswith("engine_"):
+                engine = metric.get("engine", "")
+                found_engine = model.by_engine.get(engine)
+                if found_engine is None and len(model.by_engine) < MAX_ENGINES:
+                    found_engine = model.by_engine[engine] = {}
+                if found_engine is not None:
+                    found_engine[key] = value
             elif key == "engines":
                 model.engines += int(value)
                 for k, v in metric.items():
@@ -205,6 +215,7 @@ def totals(
     *,
     pool_tokens: int | None = None,
     dram_active: float | None = None,
+    stall_seconds: float = 60.0,
 ) -> WindowTotals:
     """One model's window as the core's ``WindowTotals``."""
     m = server.models[model_name]
@@ -231,6 +242,32 @@ def totals(
         engines=max(1, m.engines),
         kv_pool_tokens=pool_tokens,
         dram_active_mean=dram_active,
-        # The stall test needs progress across ticks, which the queries do not ask yet.
-        progress_missing="not measured in fleet mode (no progress query yet)",
+        progress=_progress(m, at, stall_seconds),
+        progress_missing="not exposed: no token, step or scheduler series per engine",
+    )
+
+
+def _progress(m: _Model, at: float, stall_seconds: float) -> Progress | None:
+    """Each engine stalled or not, from Prometheus' own range (``QueryPlan.stall_seconds``):
+    work outstanding throughout it and not one change of its step-driven series. The
+    seconds without progress are then at least that range (Prometheus cannot say when the
+    last change was), which is past ``stall_after_seconds``."""
+    rows = {e: v for e, v in m.by_engine.items() if "engine_changes" in v}
+    if not rows:
+        return None
+    without = {
+        e: stall_seconds
+        if v["engine_changes"] == 0 and v.get("engine_outstanding", 0.0) > 0
+        else 0.0
+        for e, v in sorted(rows.items())
+    }
+    worst = max(without, key=lambda e: (without[e], e))
+    asleep = {e: "asleep" for e, v in m.by_engine.items() if v.get("engine_awake") == 0.0}
+    return Progress(
+        last_progress_at=at - without[worst],
+        seconds_without_progress=without[worst],
+        running=rows[worst].get("engine_outstanding"),
+        checked=("generation_tokens", "prompt_tokens", "running", "waiting", "kv_usage"),
+        engines_without=without if len(without) > 1 else {},
+        asleep=asleep,
     )

@@ -111,6 +111,8 @@ class FleetParts:
     api: Health
     #: Every query's headers: JSON, one layer of gzip, the API's credentials.
     headers: Mapping[str, str]
+    #: The range over which an engine must show no change to be stalled (``QueryPlan``).
+    stall_seconds: float = 60.0
 
 
 class PrometheusSource:
@@ -143,6 +145,7 @@ class PrometheusSource:
             dcgm_join=tuple(dcgm.join.values()),
             dcgm_gpu_metric=dcgm.gpu_metric,
             dcgm_dram_metric=dcgm.dram_metric,
+            stall_seconds=parts.stall_seconds,
         )
         #: The names the fleet exposed at the last tick, and the queries asking for them.
         self.present: frozenset[str] | None = None
@@ -388,7 +391,16 @@ class PrometheusSource:
             rulebooks = {m: self.hardware.resolve(server.labels, m, card) for m in server.models}
             signals = {
                 m: signals_from_totals(
-                    totals(server, m, at, window, pool_tokens=pool, dram_active=dram), min_obs
+                    totals(
+                        server,
+                        m,
+                        at,
+                        window,
+                        pool_tokens=pool,
+                        dram_active=dram,
+                        stall_seconds=self.plan.stall_seconds,
+                    ),
+                    min_obs,
                 )
                 for m in server.models
             }
