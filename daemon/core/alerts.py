@@ -129,6 +129,71 @@ def evidence_text(d: Diagnosis) -> str:
     return ", ".join(parts)
 
 
+#: The numbers that decide each cause, in the order a person reads them: the alert's
+#: ``deciding`` annotation and its Slack message show these (the full evidence stays in
+#: the ``evidence`` annotation, the webhook's JSON and the API). (key, label, unit).
+DECIDING: dict[Cause, tuple[tuple[str, str, str], ...]] = {
+    "stalled": (
+        ("stall_kind", "kind", ""),
+        ("engines_stalled", "engines", ""),
+        ("seconds_without_progress", "no progress for", "s"),
+        ("requests_running", "running", ""),
+        ("requests_waiting", "waiting", ""),
+    ),
+    "kv_pressure": (
+        ("kv_usage_max", "KV used at peak", "%"),
+        ("kv_headroom_requests", "room for", " requests"),
+        ("preemptions_per_second", "preemptions", "/s"),
+        ("requests_waiting_mean", "waiting", ""),
+        ("ttft_p99_seconds", "TTFT p99", "s"),
+    ),
+    "queue_bound": (
+        ("requests_waiting_mean", "waiting", ""),
+        ("queue_share_of_ttft", "queue share of TTFT", "%"),
+        ("ttft_p99_seconds", "TTFT p99", "s"),
+        ("kv_usage_max", "KV used at peak", "%"),
+    ),
+    "prefill_bound": (
+        ("ttft_p99_seconds", "TTFT p99", "s"),
+        ("mean_prompt_tokens", "prompt", " tokens"),
+        ("render_share_of_ttft", "rendering share of TTFT", "%"),
+        ("prefill_time_share", "engine time in prefill", "%"),
+        ("itl_p99_seconds", "ITL p99", "s"),
+    ),
+    "decode_bound": (
+        ("itl_p99_seconds", "ITL p99", "s"),
+        ("decode_limit", "limit", ""),
+        ("decode_roofline_ratio", "of the roofline", "%"),
+        ("decode_step_seconds", "step", "s"),
+        ("requests_running_mean", "running", ""),
+    ),
+}
+
+
+def _shown(value: object, unit: str) -> str:
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if unit == "%":
+        return f"{value:.0%}"
+    if unit == "s":
+        return f"{value:.3g} s"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}{unit}"
+    return f"{value:.3g}{unit}"
+
+
+def deciding_text(cause: Cause, d: Diagnosis) -> str:
+    """The 3-5 numbers that decided ``cause``, as ``label value`` pairs, one line."""
+    parts = [
+        f"{label} {_shown(d.evidence[key], unit)}"
+        for key, label, unit in DECIDING.get(cause, ())
+        if d.evidence.get(key) is not None
+    ]
+    return ", ".join(parts[:5])
+
+
 def contributing_text(d: Diagnosis) -> str:
     """The contributing causes, one line each: cause, share of the evidence, what shows it."""
     return "\n".join(f"- {c.cause} ({c.share:.0%}): {c.evidence}" for c in d.contributing)
@@ -148,6 +213,11 @@ def generator_url(external_url: str, target: str) -> str:
     return f"{external_url.rstrip('/')}/api/v1/diagnoses?target={quote(target, safe='')}"
 
 
+def status_page_url(external_url: str, target: str) -> str:
+    """The daemon's status page, opened at ``target``'s charts and incidents."""
+    return f"{external_url.rstrip('/')}/?target={quote(target, safe='')}"
+
+
 def firing_alert(t: Transition, *, target: str, severity: str, external_url: str) -> Alert:
     """The alert a ``firing`` transition opens, annotated with its diagnosis."""
     d = t.diagnosis
@@ -161,6 +231,8 @@ def firing_alert(t: Transition, *, target: str, severity: str, external_url: str
         "confidence": f"{d.confidence:.2f}",
         "breaches": ", ".join(d.breaches),
         "cause": t.cause,
+        "deciding": deciding_text(t.cause, d),
+        "status_page": status_page_url(external_url, target),
     }
     if d.secondary:
         annotations["secondary"] = ", ".join(d.secondary)
@@ -233,28 +305,49 @@ def postable_alerts(
     ]
 
 
+#: A Slack message stays short enough to read on a phone at a glance: the headline, the
+#: summary, the numbers that decided it, the first fix and the link, and no more; the
+#: rest is a click away (the status page, the API, the webhook's structured annotations).
+SLACK_MAX_CHARS = 600
+_SLACK_PART_CHARS = 200
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
 def slack_payload(alert: Alert) -> dict[str, Any]:
-    """A message for a Slack-compatible incoming webhook (Slack, Mattermost, Rocket.Chat)."""
+    """A message for a Slack-compatible incoming webhook (Slack, Mattermost, Rocket.Chat):
+    one a person on call reads whole, under ``SLACK_MAX_CHARS``."""
     labels, notes = alert.labels, alert.annotations
     where = f"`{labels.get('target', '?')}` / `{labels.get('model_name') or '(no model_name)'}`"
+    link = notes.get("status_page", "")
     if alert.status == "resolved":
         lasted = (alert.ends_at or alert.starts_at) - alert.starts_at
         text = (
             f":white_check_mark: *RESOLVED* {notes.get('cause', labels['diagnosis'])} on "
             f"{where} after {lasted:.0f} s"
         )
-        return {"text": text}
+        return {"text": text + (f"\n<{link}|status page>" if link else "")}
     cause = notes.get("cause", labels["diagnosis"])
     lines = [
         f":rotating_light: *FIRING* {cause} on {where} (confidence {notes.get('confidence', '?')})",
     ]
     if notes.get("cause_changed_from"):
-        lines.append(
-            f"*Cause changed* from {notes['cause_changed_from']}: {notes.get('cause_change', '')}"
-        )
-    lines += [notes.get("description", ""), f"*Evidence:* {notes.get('evidence', '')}"]
-    if notes.get("contributing"):
-        lines.append("*Contributing:*\n" + notes["contributing"])
-    if notes.get("remediation"):
-        lines.append("*Fix:*\n" + notes["remediation"])
-    return {"text": "\n".join(line for line in lines if line)}
+        lines.append(f"(cause changed from {notes['cause_changed_from']})")
+    lines.append(_clip(notes.get("description", ""), _SLACK_PART_CHARS))
+    if notes.get("deciding"):
+        lines.append("*Why:* " + _clip(notes["deciding"], _SLACK_PART_CHARS))
+    fixes = [f.removeprefix("- ") for f in notes.get("remediation", "").splitlines() if f]
+    if fixes:
+        lines.append("*Fix:* " + _clip(fixes[0], _SLACK_PART_CHARS))
+    if link:
+        lines.append(f"<{link}|status page>")
+    text = "\n".join(line for line in lines if line)
+    if len(text) > SLACK_MAX_CHARS:
+        # A long target or model name: the link must survive, so the middle gives way.
+        keep = SLACK_MAX_CHARS - len(lines[-1]) - 2 if link else SLACK_MAX_CHARS - 1
+        head = "\n".join(line for line in lines[:-1] if line) if link else text
+        text = head[:keep].rstrip() + "…" + (f"\n{lines[-1]}" if link else "")
+    return {"text": text}
