@@ -507,7 +507,11 @@ def build_daemon(
         ready,
         clock,
         series=lambda now: live_document(
-            states(), now=now, interval_seconds=interval, settings_rows=rows
+            states(),
+            now=now,
+            interval_seconds=interval,
+            settings_rows=rows,
+            receivers=deliveries(),
         ),
         store=store_status,
     )

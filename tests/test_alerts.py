@@ -28,6 +28,7 @@ from pydantic import (
 from vllm_triage.core.alerts import (
     ALERTNAMES,
     GO_ZERO_TIME,
+    SLACK_MAX_CHARS,
     Alert,
     fingerprint,
     firing_alert,
@@ -165,7 +166,12 @@ def skeleton(obj: Any, key: str = "") -> Any:
 # --- Building our alerts ----------------------------------------------------------------
 
 
-def diagnosis(at: float, summary: str = "KV cache full: 3 requests wait for blocks") -> Diagnosis:
+def diagnosis(
+    at: float,
+    summary: str = "KV cache full: 3 requests wait for blocks",
+    evidence: dict[str, Any] | None = None,
+    remediation: tuple[str, ...] = ("raise --gpu-memory-utilization", "lower --max-num-seqs"),
+) -> Diagnosis:
     return Diagnosis(
         model_name=MODEL,
         at=at,
@@ -173,7 +179,9 @@ def diagnosis(at: float, summary: str = "KV cache full: 3 requests wait for bloc
         cause="kv_pressure",
         confidence=0.875,
         summary=summary,
-        evidence={
+        evidence=evidence
+        if evidence is not None
+        else {
             "kv_usage_mean": 0.9712345,
             "waiting_mean": 3.0,
             "preemptions_per_second": None,
@@ -181,7 +189,7 @@ def diagnosis(at: float, summary: str = "KV cache full: 3 requests wait for bloc
             "era": "v1",
         },
         secondary=("queue_bound",),
-        remediation=("raise --gpu-memory-utilization", "lower --max-num-seqs"),
+        remediation=remediation,
     )
 
 
@@ -413,7 +421,7 @@ class TestWebhookPayload:
         assert notes["cause_change"] == "decode_bound led for 24 evaluations in a row"
         assert notes["contributing"] == "- prefill_bound (20%): ITL p99 is 3.7x p50"
         text = slack_payload(alert)["text"]
-        assert "*FIRING* decode_bound" in text and "*Cause changed* from kv_pressure" in text
+        assert "*FIRING* decode_bound" in text and "(cause changed from kv_pressure)" in text
 
     def test_summary_without_a_diagnosis_summary_is_the_cause(self) -> None:
         assert firing(summary="").annotations["summary"] == "kv_pressure"
@@ -483,9 +491,47 @@ class TestSlackPayload:
         assert "FIRING" in text and "RESOLVED" not in text
         assert "kv_pressure" in text
         assert f"`{TARGET}`" in text and f"`{MODEL}`" in text
-        assert "kv_usage_mean=0.9712" in text
-        assert "- lower --max-num-seqs" in text
         assert "confidence 0.88" in text
+        # The first fix; the full evidence stays in the annotations (and the API), not in
+        # the message.
+        assert "*Fix:* raise --gpu-memory-utilization" in text
+        assert "lower --max-num-seqs" not in text and "kv_usage_mean=" not in text
+        assert f"<{EXTERNAL}/?target={TARGET}|status page>" in text
+        assert len(text) <= SLACK_MAX_CHARS
+
+    def test_a_long_diagnosis_is_still_a_short_message(self) -> None:
+        """Whatever the summary, names and fixes, the message stays readable at a glance
+        and keeps its link."""
+        alert = firing_alert(
+            transition(summary="x" * 5000, remediation=("y" * 3000, "z" * 3000)),
+            target="t" * 300,
+            severity="warning",
+            external_url=EXTERNAL,
+        )
+        text = slack_payload(alert)["text"]
+        assert len(text) <= SLACK_MAX_CHARS
+        assert text.endswith("|status page>")
+
+    def test_the_deciding_numbers_are_the_causes_own(self) -> None:
+        """kv_pressure is decided by the KV cache's fullness, headroom and preemptions;
+        the message shows them, and not the rest of the evidence."""
+        evidence = {
+            "kv_usage_max": 0.992,
+            "kv_headroom_requests": 0.4,
+            "preemptions_per_second": 0.25,
+            "requests_waiting_mean": 12.0,
+            "ttft_p99_seconds": 4.2,
+            "itl_p50_seconds": 0.02,
+        }
+        alert = firing(evidence=evidence)
+        notes = alert.annotations
+        assert notes["deciding"] == (
+            "KV used at peak 99%, room for 0.4 requests, preemptions 0.25/s, waiting 12, "
+            "TTFT p99 4.2 s"
+        )
+        assert notes["status_page"] == f"{EXTERNAL}/?target={TARGET}"
+        text = slack_payload(alert)["text"]
+        assert "*Why:* KV used at peak 99%" in text and "itl_p50" not in text
 
     def test_resolved(self) -> None:
         msg = slack_payload(firing().resolved(STARTED + 120))

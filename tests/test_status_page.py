@@ -20,7 +20,7 @@ from vllm_triage.serve.listener import HttpServer
 from vllm_triage.serve.routes import Endpoints
 from vllm_triage.serve.status import live_document
 from vllm_triage.simulator import get_scenario, record
-from vllm_triage.state import TargetState
+from vllm_triage.state import ReceiverStats, TargetState
 from vllm_triage.target import Target
 
 START = 1_767_225_600.0
@@ -54,13 +54,37 @@ def kv() -> Target:
 def test_a_section_per_target_and_model_with_its_last_hour(kv: Target) -> None:
     now = START + 300
     doc = live_document([kv.state], now=now)
-    assert doc["mode"] == "live" and doc["range"] == [now - 3600, now]
+    # Five minutes of data: the axis fits them, not a sliver at the right of an hour.
+    assert doc["mode"] == "live" and doc["range"] == [START, now]
     (section,) = doc["sections"]
     assert section["title"] == "kv · meta-llama/Llama-3.1-8B-Instruct"
     assert section["evaluations"] == 61 and section["t"][0] == START and section["t"][-1] == now
     assert max(v for v in section["values"]["kv_usage_max"] if v is not None) > 0.9
     assert section["settings_values"]["slo.ttft_p99_seconds"] == 2.0
     assert [link[0] for link in doc["links"]][:2] == ["/metrics", "/api/v1/diagnoses"]
+
+
+def test_the_axis_is_the_last_hour_once_there_is_one(kv: Target) -> None:
+    """Once the data is older than an hour, the axis is the last hour (older points are
+    no longer charted)."""
+    later = START + 3 * 3600
+    assert live_document([kv.state], now=later)["range"] == [later - 3600, later]
+
+
+def test_receivers_say_whether_they_are_reached(kv: Target) -> None:
+    """The page says whether alerts reach anyone: each receiver's sent, failed and
+    pending, or that none is configured."""
+    none = live_document([kv.state], now=START + 300, settings_rows=[])
+    assert ["receivers", "none configured: incidents are shown, not sent"] in none["facts"]
+
+    class Failing:
+        name = "pager"
+        stats = ReceiverStats(sent=2, failed=1, last_error="HTTP 500")
+        pending = 3
+
+    doc = live_document([kv.state], now=START + 300, receivers=[Failing()])
+    [row] = [f for f in doc["facts"] if f[0] == "receiver pager"]
+    assert row[1].startswith("FAILING: 2 sent, 1 failed, 3 pending") and "HTTP 500" in row[1]
 
 
 def test_the_open_incident_and_the_state_now(kv: Target) -> None:

@@ -14,7 +14,7 @@ from vllm_triage.core.timeline import Incident, incidents
 from vllm_triage.net.redact import safe_url
 from vllm_triage.page.document import base_document, duration, section
 from vllm_triage.page.spec import load_spec
-from vllm_triage.state import TargetState
+from vllm_triage.state import ReceiverView, TargetState
 
 #: What the status page links to (all on the daemon's listener).
 LIVE_LINKS = ("/metrics", "/api/v1/diagnoses", "/api/v1/series", "/healthz", "/readyz")
@@ -64,15 +64,29 @@ def _state_text(st: TargetState, model: str) -> tuple[str, bool]:
     return "now: healthy", False
 
 
+def _delivery(r: ReceiverView) -> str:
+    """Whether a receiver is reached: what it was sent, what failed, what waits."""
+    st = r.stats
+    health = "reached" if st.failed == 0 and (st.last_error == "" or st.sent) else "FAILING"
+    if st.sent == 0 and st.failed == 0:
+        health = "nothing sent yet"
+    text = f"{health}: {st.sent} sent, {st.failed} failed, {r.pending} pending"
+    if st.last_error and st.failed:
+        text += f"; last error: {st.last_error[:120]}"
+    return text
+
+
 def live_document(
     targets: Sequence[TargetState],
     *,
     now: float,
     interval_seconds: float | None = None,
     settings_rows: list[list[str]] | None = None,
+    receivers: Sequence[ReceiverView] = (),
 ) -> dict[str, Any]:
     """The status page's document: every target's last hour. ``interval_seconds`` and
-    ``settings_rows``: what the daemon scrapes at and judges by, shown as facts."""
+    ``settings_rows``: what the daemon scrapes at and judges by, shown as facts;
+    ``receivers``: whether its alerts are reaching anyone."""
     spec = load_spec()
     since = now - spec.history_seconds
     up = sum(1 for t in targets if t.up)
@@ -84,7 +98,14 @@ def live_document(
         f"the last {duration(spec.history_seconds)}",
         now=now,
     )
-    doc["range"] = [since, now]
+    # The axis fits the data until an hour of it is there: three minutes after a start,
+    # the charts span three minutes, not a sliver at the right of an empty hour.
+    windows_of = [t.history.windows(since) if t.history is not None else {} for t in targets]
+    first = min(
+        (w.times[0] for windows in windows_of for w in windows.values() if w.times),
+        default=since,
+    )
+    doc["range"] = [max(since, first), now]
     # Relative links: the page works behind a proxy that serves it under a prefix.
     doc["links"] = [[route, route.lstrip("/")] for route in LIVE_LINKS]
     doc["facts"] = [["daemon", f"vllm-triage {__version__}"]]
@@ -92,10 +113,13 @@ def live_document(
         doc["facts"].append(["scrape interval", f"{interval_seconds:g} s"])
     if settings_rows is not None:
         doc["settings"] = settings_rows
+    for r in receivers:
+        doc["facts"].append([f"receiver {r.name}", _delivery(r)])
+    if settings_rows is not None and not receivers:
+        doc["facts"].append(["receivers", "none configured: incidents are shown, not sent"])
     doc["empty"] = "No target to show: give the daemon targets (README, Run it)."
-    for n, st in enumerate(targets, start=1):
+    for n, (st, windows) in enumerate(zip(targets, windows_of, strict=True), start=1):
         health = "up" if st.up else f"DOWN: {st.last_error or 'not scraped yet'}"
-        windows = st.history.windows(since) if st.history is not None else {}
         constants = st.history.settings_values if st.history is not None else {}
         models: list[str | None] = [*sorted(windows)] or [None]
         for k, model in enumerate(models, start=1):
@@ -114,5 +138,6 @@ def live_document(
                 ("no model reported yet", False) if model is None else _state_text(st, model)
             )
             part["note"] = f"{_display_url(st.url)}: {health}; {st.scrapes} scrapes"
+            part["target"] = st.name  # what an alert's status_page link opens at
             doc["sections"].append(part)
     return doc

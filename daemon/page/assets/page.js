@@ -387,7 +387,7 @@
       parts.push(el("h3", { class: "vt-incidents-title", text: "Incidents, the evidence that decided them, and what to change" }));
       parts.push(el("div", { class: "vt-incidents" }, s.incidents.map(function (i) { return incidentCard(doc, s, i); })));
     }
-    return { node: el("section", { class: "vt-section", "data-section": s.id }, parts), charts: charts };
+    return { node: el("section", { class: "vt-section", "data-section": s.id, "data-target": s.target || "" }, parts), charts: charts };
   }
 
   function signature(doc) {
@@ -417,7 +417,23 @@
       groups.push(group);
     });
     shape = signature(doc);
+    showTarget();
     done();
+  }
+
+  // An alert's link opens the page at its target (?target=NAME): scroll to it, once.
+  var targetShown = false;
+  function showTarget() {
+    if (targetShown) return;
+    var want = new URLSearchParams(window.location.search).get("target");
+    if (!want) return;
+    var found = Array.prototype.find.call(document.querySelectorAll(".vt-section"), function (n) {
+      return n.getAttribute("data-target") === want;
+    });
+    if (!found) return;
+    targetShown = true;
+    found.classList.add("vt-wanted");
+    found.scrollIntoView();
   }
 
   function fullRange(group) {
