@@ -90,8 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-triage",
         description=(
-            "Tells why a vLLM server is slow (prefill-bound, decode-bound, queue-bound or "
-            "KV pressure) from its Prometheus /metrics, with the evidence and the fix."
+            "Tells why a vLLM server is slow (prefill-bound, decode-bound, queue-bound, KV "
+            "pressure, or stalled: a hung engine) from its Prometheus /metrics, with the "
+            "evidence and the fix."
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -202,6 +202,13 @@ class Daemon:
             receivers=[d.name for d in self.notifier.deliveries],
             interval_s=p.interval_seconds,
         )
+        if not self.notifier.deliveries:
+            log.warning(
+                "no_receivers",
+                consequence="incidents are shown on the status page, /metrics and the API, "
+                "and sent nowhere",
+                hint="add a receiver (`receivers:` in the config, or --webhook URL)",
+            )
         try:
             await stop.wait()
         finally:

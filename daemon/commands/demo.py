@@ -17,10 +17,11 @@ if TYPE_CHECKING:
 
 DESCRIPTION = """\
 Start a simulated vLLM server playing the `tour` scenario (one H100, healthy, then each
-cause in turn) at --speed times real time, the daemon scraping it exactly as `run` does,
-and a local webhook receiver; show the signals, the diagnosis and the transitions as they
+cause in turn: prefill_bound, decode_bound, queue_bound, kv_pressure and stalled, a hung
+engine) at --speed times real time, the daemon scraping it exactly as `run` does, and a
+local webhook receiver; show the signals, the diagnosis and the transitions as they
 happen, the URLs of the derived /metrics and the API, and the first alert the receiver
-got. Takes about 45 s. With --offline: no sockets, every scenario in virtual time, in
+got. Takes about 55 s. With --offline: no sockets, every scenario in virtual time, in
 seconds.
 
 The demo checks itself: each phase of a scenario says what it is built to make the

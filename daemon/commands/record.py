@@ -16,7 +16,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
             "Scrape URL every --interval seconds and write each raw body to "
             "DIR/<unix_time_ms>.prom. A failed scrape is logged and skipped; the "
             "recording goes on. Without --duration it runs until Ctrl-C. Exit 1 if nothing "
-            "usable was recorded (every scrape failed, or no body held vLLM metrics)."
+            "usable was recorded (every scrape failed, or no body held vLLM metrics). A "
+            "recording of an incident (a slow server, a stalled engine) can be diagnosed "
+            "again later, exactly, with `replay` or `report`."
         ),
     )
     p.add_argument(

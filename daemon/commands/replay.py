@@ -13,7 +13,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description=(
             "Run the diagnosis core over a recording made by `record`, in file-name order, "
             "using the file names as scrape times, and print every incident transition "
-            "(firing, resolved). Unreadable files are reported on stderr and skipped."
+            "(firing, resolved: prefill_bound, decode_bound, queue_bound, kv_pressure, "
+            "stalled). Unreadable files are reported on stderr and skipped."
         ),
     )
     p.add_argument("directory", metavar="DIR", help="a folder of <unix_time_ms>.prom files")

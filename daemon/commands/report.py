@@ -12,8 +12,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="write a post-mortem report (one HTML file) from a recording",
         description=(
             "Run the diagnosis over a recording made by `record` or `simulate --record`, as "
-            "`replay` does, and write one self-contained HTML file: each incident (cause, "
-            "start, duration, confidence, the evidence that decided it, contributing causes, "
+            "`replay` does, and write one self-contained HTML file: each incident (its cause: "
+            "prefill_bound, decode_bound, queue_bound, kv_pressure or stalled; "
+            "its start, duration, confidence, the evidence that decided it, contributing causes, "
             "what to change) and aligned charts of TTFT, ITL, requests running and waiting, "
             "KV cache, preemptions, prefill share and the decode rate against the hardware, "
             "with the incidents shaded by cause. It opens offline: no network fetches."

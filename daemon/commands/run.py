@@ -11,18 +11,22 @@ from vllm_triage.commands.argtypes import positive_float
 
 DESCRIPTION = """\
 Watch one or more vLLM servers: scrape each /metrics every interval, diagnose why
-latency is bad (prefill-bound, decode-bound, queue-bound, KV pressure), serve the
-derived metrics for Prometheus and Grafana, and send alert webhooks with the diagnosis.
+latency is bad (prefill-bound, decode-bound, queue-bound, KV pressure, or a stalled
+engine: hung, asleep, or with stale gauges), serve the derived metrics for Prometheus and
+Grafana, and send alert webhooks with the diagnosis.
 
 Settings come from rules/defaults.yaml, then --config FILE, then VLLM_TRIAGE_* variables
 (nested keys with __, lists as JSON), then these flags. The keys beside the SLOs and
 thresholds: listen, interval_seconds, scrape_timeout_seconds, max_body_bytes,
-shutdown_grace_seconds, state_dir, targets, receivers, alerting. See README.md, "Run it".
+shutdown_grace_seconds, state_dir, targets, receivers, alerting. See docs/operations.md,
+"Run it".
 
 Open incidents, what each receiver was told and undelivered notifications are kept in
 state_dir (default $XDG_STATE_HOME/vllm-triage), so a restart or a crash loses no alert.
 
-Endpoints: /metrics, /healthz, /readyz, /api/v1/diagnoses. SIGTERM or Ctrl-C stops it,
+Endpoints: / (the status page), /metrics, /healthz, /readyz, /api/v1/diagnoses,
+/api/v1/series. With no receiver it says so at start: incidents are then shown, not sent.
+SIGTERM or Ctrl-C stops it,
 delivering pending notifications first (for at most shutdown_grace_seconds).
 """
 

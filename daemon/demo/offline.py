@@ -23,10 +23,19 @@ from vllm_triage.demo.expectations import Event, problems, segments
 from vllm_triage.recording.files import write_atomically
 from vllm_triage.simulator import Scenario, get_scenario, record
 
-#: The demo's order: a healthy baseline, then one scenario per cause.
-DEFAULT_SCENARIOS = ("healthy", "prefill_bound", "decode_bound", "queue_bound", "kv_pressure")
+#: The demo's order: a healthy baseline, then one scenario per cause (the hang included:
+#: the cause vLLM's own health check cannot see).
+DEFAULT_SCENARIOS = (
+    "healthy",
+    "prefill_bound",
+    "decode_bound",
+    "queue_bound",
+    "kv_pressure",
+    "stalled",
+)
 EXPECTED: dict[str, Cause | None] = {
     "healthy": None,
+    "stalled": "stalled",
     "prefill_bound": "prefill_bound",
     "decode_bound": "decode_bound",
     "queue_bound": "queue_bound",
