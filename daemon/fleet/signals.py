@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_triage.core.kvpool import CacheConfig, parse_cache_config
 from vllm_triage.core.model import GaugeStats, Histogram, WindowTotals
 from vllm_triage.core.names import HISTOGRAM_FIELDS, label_value
 from vllm_triage.fleet.queries import BUCKET_FIELDS, COUNTERS, DCGM_MODEL, POOL_LABELS
@@ -56,7 +57,13 @@ class Server:
     labels: dict[str, str]
     models: dict[str, _Model] = field(default_factory=dict)
     pool: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Each engine's ``cache_config_info`` labels, as the parser reads them.
+    cache: dict[str, CacheConfig] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+
+    def cache_config(self) -> CacheConfig | None:
+        """One engine's KV pool settings (the first's, as the parser takes them)."""
+        return self.cache[min(self.cache)] if self.cache else None
 
     def pool_tokens(self) -> int | None:
         """The KV pool in tokens, all engines together (``None``: not known); call once."""
@@ -152,10 +159,11 @@ class Fleet:
                 model.values[key] = value
 
     def _pool(self, server: Server, metric: Mapping[str, str]) -> None:
-        engine, block, blocks = (metric.get(k, "") for k in POOL_LABELS)
+        engine, block, blocks = (metric.get(k, "") for k in POOL_LABELS[:3])
         # vLLM says "None" before it has profiled the pool: not known yet, not a fault.
         with contextlib.suppress(ValueError):
             server.pool[engine] = (int(block), int(blocks))
+            server.cache[engine] = parse_cache_config(metric)
 
     def _dcgm(
         self, key: str, metric: Mapping[str, str], value: float | None, join: tuple[str, ...]
@@ -204,6 +212,7 @@ def totals(
     window_seconds: float,
     *,
     pool_tokens: int | None = None,
+    kv_cache: CacheConfig | None = None,
     dram_active: float | None = None,
 ) -> WindowTotals:
     """One model's window as the core's ``WindowTotals``."""
@@ -230,6 +239,7 @@ def totals(
         kv_usage_busy_mean=v.get("kv_usage_busy_mean"),
         engines=max(1, m.engines),
         kv_pool_tokens=pool_tokens,
+        kv_cache=kv_cache,
         dram_active_mean=dram_active,
         # The stall test needs progress across ticks, which the queries do not ask yet.
         progress_missing="not measured in fleet mode (no progress query yet)",
