@@ -204,7 +204,10 @@ def build_roofline(
         )
         resident = size.resident_bytes
         active = size.active_parameters
-        sources["active_parameters"] = model.source
+        dense = model.source.kind == "settings"  # a bare count: every weight is active
+        sources["active_parameters"] = (
+            Source("settings", "model.parameters_billion, dense") if dense else model.source
+        )
     if active_parameters_billion is not None:
         active = active_parameters_billion * 1e9
         sources["active_parameters"] = Source("settings", "model.active_parameters_billion")

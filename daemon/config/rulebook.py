@@ -15,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from vllm_triage.ceiling.resolve import (
-    DEFAULT_TP,
     CardFacts,
     SizedModel,
     build_ceiling,
@@ -124,15 +123,14 @@ def roofline_of(
     """The decode step roofline's facts, each with its source, when the card's bandwidth
     is known: the model section's (``table``, the served model's row, for what it leaves
     unsaid); hand-set keys replace the sized ones."""
-    tp_said = "tensor_parallel_size" in hw.model_fields_set
+    tp = hw.tensor_parallel_size
     return build_roofline(
         card_of(hw),
         _sized(m, size),
         table=table,
-        tensor_parallel_size=hw.tensor_parallel_size,
-        tensor_parallel_source=(
-            Source("settings", "hardware.tensor_parallel_size") if tp_said else DEFAULT_TP
-        ),
+        tensor_parallel_size=tp,
+        # vLLM does not export it: the settings say it (1 by default, rules/defaults.yaml).
+        tensor_parallel_source=Source("settings", f"{tp} GPU{'s' if tp > 1 else ''}"),
         achievable_fraction=hw.achievable_fraction,
         kv_bytes_per_token=m.kv_bytes_per_token,
         kv_cache_dtype=m.kv_cache_dtype,
