@@ -27,7 +27,7 @@ TERM_WORDS = {
 
 
 #: What settles an unknown card: its name (bandwidth and compute from rules/gpus.yaml).
-SETTLE_CARD = "hardware.gpu (or hardware.memory_bandwidth_gb_s)"
+SETTLE_CARD = "set hardware.gpu (or hardware.memory_bandwidth_gb_s)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +71,9 @@ def decode_split(
                 "hardware",
             )
         if rules.roofline is None:
-            why = f"no hardware set: the decode step floor is unknown; set {SETTLE_CARD}"
+            why = f"no hardware set: the decode step floor is unknown; {SETTLE_CARD}"
         else:
-            why = f"the model's size is unknown: set {decode_facts.SETTLE_WEIGHTS}"
+            why = f"the model's size is unknown: {decode_facts.SETTLE_WEIGHTS}"
         return head + f" ({why})" + measured, "unknown"
     gb = [] if r.weight_bytes is None else [f"{r.weight_bytes / 1e9:.3g} GB weights"]
     if r.kv_bytes is not None:
@@ -113,11 +113,12 @@ def decode_split(
             "unknown",
         )
     if r.lower_bound and r.ratio < th.near_ceiling_ratio:
-        unknown = ", ".join(item.partition(":")[0] for item in r.left_out if "unknown" in item)
+        # The memory terms left out (compute and the batch size do not close a gap).
+        terms = [i.partition(":")[0] for i in r.left_out if not i.startswith(("compute", "batch"))]
         return (
-            head + where + f": the floor leaves out {unknown or 'a term'}, which could close "
-            f"the gap, so {r.ratio:.0%} is only a lower bound and the limit is unknown: "
-            f"set {r.gaps[0]}",
+            head + where + f": {' and '.join(terms) or 'a term left out'} could close the gap, so "
+            f"{r.ratio:.0%} is only a lower bound and the limit is unknown: "
+            f"{r.gaps[0]}",
             "unknown",
         )
     if r.ratio >= th.near_ceiling_ratio:

@@ -35,12 +35,14 @@ from vllm_triage.core.rulebook import Roofline, Source
 #: two figures agree within a few percent and a mixture's within tens.
 TOLERANCE = 0.25
 
-#: The one setting that settles each unknown term (the summary names the first).
-SETTLE_WEIGHTS = "model.parameters_billion or model.config_json (or serve a model from the table)"
-SETTLE_KV = "model.kv_bytes_per_token (or serve a model from the table)"
-SETTLE_POOL = "a vLLM that exports vllm:cache_config_info (the KV pool's size)"
-SETTLE_DRAFT = "model.draft_parameters_billion"
-SETTLE_DRAFT_KV = "model.draft_kv_bytes_per_token"
+#: What settles each unknown term, as the summary and ``decode_roofline_needs`` say it.
+SETTLE_WEIGHTS = (
+    "set model.parameters_billion or model.config_json (or serve a model from the table)"
+)
+SETTLE_KV = "set model.kv_bytes_per_token (or serve a model from the table)"
+SETTLE_POOL = "run a vLLM that exports vllm:cache_config_info (the KV pool's size)"
+SETTLE_DRAFT = "set model.draft_parameters_billion"
+SETTLE_DRAFT_KV = "set model.draft_kv_bytes_per_token"
 
 ESTIMATED_READ = "vllm:estimated_read_bytes_per_gpu_total"
 ESTIMATED_FLOPS = "vllm:estimated_flops_per_gpu_total"
