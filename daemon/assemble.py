@@ -14,7 +14,6 @@ functions.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import socket
 import ssl
@@ -26,22 +25,18 @@ from typing import Any
 import httpx
 import structlog
 
-from vllm_triage.ceiling.gpus import find_gpu
-from vllm_triage.ceiling.resolve import build_ceiling, build_roofline, model_size
 from vllm_triage.ceiling.sizing import ModelSize
 from vllm_triage.config.auth import auth_headers
+from vllm_triage.config.rulebook import Rulebooks, ceiling_of, model_size_of
 from vllm_triage.config.schema import (
-    HardwareSettings,
-    ModelSettings,
     PrometheusSourceSettings,
     ReceiverSettings,
     Settings,
     TargetSettings,
 )
 from vllm_triage.core.evaluate import Evaluator
-from vllm_triage.core.model import CAUSES, Cause
 from vllm_triage.core.parse import ParseLimits
-from vllm_triage.core.rulebook import Ceiling, Roofline, Rulebook, Slo, Thresholds
+from vllm_triage.core.rulebook import Ceiling, Rulebook
 from vllm_triage.core.timeline import setting_values
 from vllm_triage.errors import ConfigError
 from vllm_triage.fleet.hardware import HardwareResolver
@@ -52,7 +47,6 @@ from vllm_triage.notify.notifier import Notifier
 from vllm_triage.notify.receivers import build_receiver
 from vllm_triage.page.spec import load_spec
 from vllm_triage.recording.report import ReportParts
-from vllm_triage.rules import read_bundled
 from vllm_triage.scrape.loop import ScrapeParts, Scraper
 from vllm_triage.scrape.probe import Prober, completions_url
 from vllm_triage.serve.exporter import build_registry
@@ -67,146 +61,39 @@ from vllm_triage.target import Health, Target, TargetParts
 log = structlog.get_logger("vllm_triage.service")
 
 
-def _texts(section: str | None, keys: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    """Lists of remediation texts by key, from rules/remediation.yaml (its top level, or
-    one of its sections); a missing or misshapen list names its key."""
-    data = read_bundled("remediation.yaml")
-    where = f"{section}." if section else ""
-    found = data.get(section) if isinstance(data, dict) and section else data
-    if not isinstance(found, dict):
-        raise ConfigError(f"rules/remediation.yaml: {section or 'top level'}: expected a mapping")
-    out: dict[str, tuple[str, ...]] = {}
-    for key in keys:
-        items = found.get(key)
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise ConfigError(f"rules/remediation.yaml: {where}{key}: expected a list of strings")
-        out[key] = tuple(items)
-    return out
-
-
-@functools.cache
-def load_remediation() -> dict[Cause, tuple[str, ...]]:
-    """The remediation texts; cached, like the GPU table (``gpus.load_gpu_table``), because
-    they are immutable package data and every target's rulebook reads them: a daemon
-    with 250 targets spent seconds of start-up re-parsing this YAML."""
-    texts = _texts(None, CAUSES)
-    return {cause: texts[cause] for cause in CAUSES}
-
-
-#: The keys of ``decode_roofline`` in rules/remediation.yaml.
-DECODE_TERMS = ("weights", "kv", "draft", "compute", "serving_stack", "settings")
-#: The keys of ``by_kind`` in rules/remediation.yaml.
-KINDS = ("asleep", "stale_gauges", "render")
-
-
-@functools.cache
-def load_decode_remediation() -> dict[str, tuple[str, ...]]:
-    """The decode-bound texts by what the roofline says binds (``decode_roofline``)."""
-    return _texts("decode_roofline", DECODE_TERMS)
-
-
-@functools.cache
-def load_kind_remediation() -> dict[str, tuple[str, ...]]:
-    """A cause's texts by its kind (``by_kind``): a stall that is not a hang, a TTFT
-    spent rendering."""
-    return _texts("by_kind", KINDS)
+def _rulebooks(settings: Settings) -> Rulebooks:
+    return Rulebooks(settings.slo, settings.thresholds)
 
 
 def settings_model_size(settings: Settings) -> ModelSize | None:
-    m = settings.model
-    return model_size(
-        parameters_billion=m.parameters_billion,
-        config_json=m.config_json,
-        # A config.json names its own dtype; ``m.dtype`` (default float16) is for a count.
-        dtype=None if m.config_json is not None else m.dtype,
-        kv_cache_dtype=m.kv_cache_dtype,
-    )
+    return model_size_of(settings.model)
 
 
 def ceiling(settings: Settings, size: ModelSize | None = None) -> Ceiling | None:
     """The decode ceiling, when both the hardware and the model size are known."""
-    hw = settings.hardware
-    name: str | None = None
-    bandwidth = hw.memory_bandwidth_gb_s
-    if hw.gpu is not None:
-        gpu = find_gpu(hw.gpu)
-        name = gpu.name
-        bandwidth = bandwidth or gpu.memory_bandwidth_gb_s
-    size = size or settings_model_size(settings)
-    if bandwidth is None or size is None:
-        return None
-    return build_ceiling(
-        name,
-        bandwidth,
-        size.weight_bytes_per_token,
-        tensor_parallel_size=hw.tensor_parallel_size,
-        achievable_fraction=hw.achievable_fraction,
-    )
-
-
-def roofline(settings: Settings, size: ModelSize | None = None) -> Roofline | None:
-    """The decode step roofline's facts, when the hardware and the model size are known
-    (``docs/physics.md``, "The decode roofline"); hand-set keys replace the sized ones."""
-    hw, m = settings.hardware, settings.model
-    name: str | None = None
-    bandwidth, compute = hw.memory_bandwidth_gb_s, hw.compute_tflops
-    if hw.gpu is not None:
-        gpu = find_gpu(hw.gpu)
-        name = gpu.name
-        bandwidth = bandwidth or gpu.memory_bandwidth_gb_s
-        compute = compute or gpu.bf16_dense_tflops
-    size = size or settings_model_size(settings)
-    if bandwidth is None or size is None:
-        return None
-    return build_roofline(
-        name,
-        bandwidth,
-        size,
-        compute_tflops=compute,
-        tensor_parallel_size=hw.tensor_parallel_size,
-        achievable_fraction=hw.achievable_fraction,
-        kv_bytes_per_token=m.kv_bytes_per_token,
-        active_parameters_billion=m.active_parameters_billion,
-        draft_parameters_billion=m.draft_parameters_billion,
-        draft_dtype=m.draft_dtype,
-        draft_kv_bytes_per_token=m.draft_kv_bytes_per_token,
-    )
+    return ceiling_of(settings.hardware, size or settings_model_size(settings))
 
 
 def build_rulebook(settings: Settings) -> Rulebook:
-    slo, th = settings.slo, settings.thresholds
-    size = settings_model_size(settings)
-    return Rulebook(
-        slo=Slo(
-            ttft_p99_seconds=slo.ttft_p99_seconds,
-            itl_p99_seconds=slo.itl_p99_seconds,
-            waiting_requests=slo.waiting_requests,
-        ),
-        thresholds=Thresholds(
-            min_observations=th.min_observations,
-            kv_headroom_requests=th.kv_headroom_requests,
-            kv_usage_full=th.kv_usage_full,
-            queue_share_of_ttft=th.queue_share_of_ttft,
-            prefill_dominant_share=th.prefill_dominant_share,
-            itl_spike_ratio=th.itl_spike_ratio,
-            near_ceiling_ratio=th.near_ceiling_ratio,
-            roofline_impossible_ratio=th.roofline_impossible_ratio,
-            dram_active_busy=th.dram_active_busy,
-            stall_after_seconds=th.stall_after_seconds,
-        ),
-        remediation=load_remediation(),
-        ceiling=ceiling(settings, size),
-        roofline=roofline(settings, size),
-        decode_remediation=load_decode_remediation(),
-        kind_remediation=load_kind_remediation(),
-    )
+    """The core's rulebook from the settings (``config.rulebook``, each roofline fact
+    with its source)."""
+    return _rulebooks(settings).rulebook(settings.hardware, settings.model)
+
+
+def model_rulebooks(settings: Settings, base: Rulebook) -> Callable[[str], Rulebook] | None:
+    """Each served model's rulebook, from the bundled model table where the settings
+    leave the model's facts to it (``Rulebooks.served_names``); ``None`` otherwise."""
+    return _rulebooks(settings).served_names(settings.hardware, settings.model, base)
 
 
 def build_evaluator(settings: Settings, rulebook: Rulebook | None = None) -> Evaluator:
     """A fresh core for one target, configured from the settings (and ``rulebook``, when
-    the caller already resolved one, as the demo does with each scenario's hardware)."""
+    the caller already resolved one, as the demo does with each scenario's hardware),
+    each served model's facts from the bundled table where the settings leave them."""
+    rules = rulebook or build_rulebook(settings)
     return Evaluator(
-        rulebook or build_rulebook(settings),
+        rules,
+        rulebook_for=model_rulebooks(settings, rules),
         window_seconds=settings.window_seconds,
         open_after=settings.incident.open_after,
         resolve_after=settings.incident.resolve_after,
@@ -253,21 +140,6 @@ def report_parts(settings: Settings) -> ReportParts:
         evaluator=build_evaluator(settings, rules),
         settings_rows=settings_rows(settings),
     )
-
-
-class _Rulebooks:
-    """Fleet mode's (hardware, model) pairs, converted as the top level is."""
-
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-
-    def rulebook(self, hardware: HardwareSettings, model: ModelSettings) -> Rulebook:
-        return build_rulebook(
-            self._settings.model_copy(update={"hardware": hardware, "model": model})
-        )
-
-    def check_model(self, model: ModelSettings) -> None:
-        settings_model_size(self._settings.model_copy(update={"model": model}))
 
 
 def history(settings: Settings, rulebook: Rulebook) -> History:
@@ -412,7 +284,7 @@ def build_hardware_resolver(settings: Settings) -> HardwareResolver:
         source.models,
         hardware=settings.hardware,
         model=settings.model,
-        factory=_Rulebooks(settings),
+        factory=_rulebooks(settings),
     )
 
 

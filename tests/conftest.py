@@ -50,7 +50,7 @@ def reference_models(text: str) -> dict[str, dict[str, Any]]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             hit = SAMPLES.get(sample.name)
-            if hit is None or hit[1].kind == "info":
+            if hit is None or hit[1].kind in ("info", "state"):
                 continue
             spec = hit[1]
             acc = accs[(sample.labels.get("model_name", ""), spec.field, spec.generation)]
@@ -98,7 +98,8 @@ def snapshot_models(snapshot: Any) -> dict[str, dict[str, Any]]:
     for name, series in snapshot.models.items():
         fields: dict[str, Any] = {}
         for field in series.__dataclass_fields__:
-            if field in ("model_name", "engines"):
+            # Engine by engine and sleep states are no merged value: tested on their own.
+            if field in ("model_name", "engines", "per_engine", "sleep"):
                 continue
             value = getattr(series, field)
             if value is None:

@@ -115,13 +115,13 @@ class TestDemo:
         assert re.search(r"status page: +http://127\.0\.0\.1:\d+/\n", out)
         assert "tour: as built: each phase's own cause fired first, nothing else" in out
         assert (
-            "alerts fired: prefill_bound, decode_bound, queue_bound, kv_pressure; "
-            "resolved: prefill_bound, decode_bound, queue_bound, kv_pressure"
+            "alerts fired: prefill_bound, decode_bound, queue_bound, kv_pressure, stalled; "
+            "resolved: prefill_bound, decode_bound, queue_bound, kv_pressure, stalled"
         ) in out
         report = Path(out.splitlines()[-1])
         assert report.parent.parent == tmp_path and report.name == "tour-report.html"
         page = report.read_text(encoding="utf-8")
-        for cause in ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure"):
+        for cause in ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure", "stalled"):
             assert f'"cause":"{cause}"' in page
         assert ", 0 failed." in out
         for cause in ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure"):
@@ -140,7 +140,7 @@ class TestDemo:
         """`demo --offline --scenario tour`: the whole tour, judged by the same check."""
         result = vllm_triage("demo", "--offline", "--scenario", "tour", cwd=tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
-        assert "-> as built over 181 scrapes" in result.stdout
+        assert "-> as built over 214 scrapes" in result.stdout
         assert "1/1 scenarios diagnosed as built." in result.stdout
 
     def test_offline_old_tour_is_not_as_built(self, tmp_path: Path) -> None:

@@ -31,9 +31,16 @@ class TestDecodeCeiling:
         assert d.remediation[0].startswith("Quantize")
 
     def test_below_the_ceiling_is_the_serving_stack(self) -> None:
-        """Decode at 23 % of the ceiling points at the serving stack, not the card."""
+        """Decode at 23 % of the ceiling points at the serving stack, not the card. (The
+        ceiling knows no KV bytes per token: with context in the cache the limit would be
+        unknown, tests/core/test_roofline_unknown.py; here the cache holds none.)"""
         d = diagnose(
-            signals(itl_p99=q(0.3), itl_mean=1.0, decode_tokens_per_second_per_stream=1.0),
+            signals(
+                itl_p99=q(0.3),
+                itl_mean=1.0,
+                decode_tokens_per_second_per_stream=1.0,
+                kv_usage_mean=0.0,
+            ),
             rules(A10G_70B),
         )
         assert d.evidence["decode_limit"] == "serving_stack"

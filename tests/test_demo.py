@@ -28,7 +28,7 @@ from vllm_triage.target import Target
 
 #: The tour before issue 16: the card swapped under the server for its fault phases.
 CARD_SWAP = Path(__file__).parent / "fixtures" / "scenarios" / "tour-card-swap.yaml"
-CAUSES = ["prefill_bound", "decode_bound", "queue_bound", "kv_pressure"]
+CAUSES = ["prefill_bound", "decode_bound", "queue_bound", "kv_pressure", "stalled"]
 
 
 def offline(name: str) -> tuple[list[str], tuple[str, ...]]:
@@ -103,7 +103,8 @@ class TestSegments:
             (60, 255),
             (255, 450),
             (450, 645),
-            (645, math.inf),
+            (645, 840),
+            (840, math.inf),
         ]
         assert all(s.heals for s in segs[1:])
 
@@ -224,6 +225,8 @@ class TestLiveResult:
             Event(615, "resolved", "queue_bound"),
             Event(660, "firing", "kv_pressure"),
             Event(830, "resolved", "kv_pressure"),
+            Event(870, "firing", "stalled"),
+            Event(910, "resolved", "stalled"),
         ]
         bad = LiveDemoResult(events={"tour": events}, segments={"tour": segs})
         ok, why = bad.verdicts()["tour"]

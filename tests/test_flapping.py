@@ -239,7 +239,7 @@ def test_the_tour_changes_cause_at_every_phase() -> None:
     scenario = get_scenario("tour")
     result = run_scenario("tour", scenario_settings(scenario, None), duration_s=960.0)
     opened = [t.cause for t in result.transitions if t.event == "firing"]
-    assert opened == ["prefill_bound", "decode_bound", "queue_bound", "kv_pressure"]
+    assert opened == ["prefill_bound", "decode_bound", "queue_bound", "kv_pressure", "stalled"]
     assert result.problems == ()
 
 

@@ -177,6 +177,12 @@ class Fake:
             if key == "pool" and pool is not None:
                 sizes = {"engine": "0", "block_size": str(pool.block_size)}
                 sizes["num_gpu_blocks"] = str(pool.num_gpu_blocks)
+                if pool.config is not None:  # the labels that size KV bytes per token
+                    cfg = pool.config
+                    sizes["kv_cache_size_tokens"] = str(cfg.kv_cache_size_tokens)
+                    sizes["kv_cache_memory_bytes"] = str(cfg.kv_cache_memory_bytes)
+                    sizes["gpu_memory_utilization"] = str(cfg.gpu_memory_utilization)
+                    sizes["cache_dtype"] = cfg.cache_dtype
                 rows.append(_row({**labels, **sizes}, "pool", at, 1.0))
             if instance in self.dcgm and extra:
                 card, gpus, dram = self.dcgm[instance]

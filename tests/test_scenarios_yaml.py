@@ -154,6 +154,8 @@ EXPECTED: dict[str, Scenario] = {
             Phase(12.0, tour_kv(25.0, 4), expect="kv_pressure"),
             Phase(78.0, tour_kv(12.0, 6), expect="kv_pressure"),
             Phase(105.0, TOUR_CHAT, expect="healthy"),
+            Phase(60.0, TOUR_CHAT, hang=True, expect="stalled"),
+            Phase(105.0, TOUR_CHAT, expect="healthy"),
         ),
         LLAMA,
         {"itl_p99_seconds": 0.024},
@@ -320,12 +322,12 @@ class TestUserFiles:
 class TestHoldLastPhase:
     def test_the_last_load_goes_on_and_the_start_is_unchanged(self) -> None:
         tour = get_scenario("tour")
-        held = hold_last_phase(tour, 960.0)
-        assert held.duration_s == 960.0 and held.phases[:-1] == tour.phases[:-1]
+        held = hold_last_phase(tour, 1125.0)
+        assert held.duration_s == 1125.0 and held.phases[:-1] == tour.phases[:-1]
         assert held.phases[-1].workload == tour.phases[-1].workload
         assert hold_last_phase(tour, 100.0) is tour
-        same = list(record(tour, start_at=0.0, interval_s=60.0, duration_s=840.0))
-        longer = list(record(held, start_at=0.0, interval_s=60.0, duration_s=960.0))
+        same = list(record(tour, start_at=0.0, interval_s=60.0, duration_s=1005.0))
+        longer = list(record(held, start_at=0.0, interval_s=60.0, duration_s=1125.0))
         assert longer[: len(same)] == same
         # Past the old end, the healthy load keeps the counters moving.
         assert longer[-1][1] != longer[len(same) - 1][1]

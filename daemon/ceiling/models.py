@@ -217,10 +217,6 @@ class ModelFacts:
         return self.weight_bytes / tensor_parallel_size
 
 
-#: Embeddings stay 16-bit under every quantization the sizing knows.
-_EMBEDDING_BYTES = 2.0
-
-
 def model_facts(
     row: ModelRow, match: Match | None = None, *, kv_cache_dtype: str | None = None
 ) -> ModelFacts:
@@ -242,10 +238,6 @@ def model_facts(
         head_size = int(text["kv_lora_rank"]) + int(text["qk_rope_head_dim"])
     else:
         head_size = int(text.get("head_dim") or hidden // heads)
-    tied = bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings")))
-    # What a step reads holds one row of the input table; the table is resident whole.
-    table = 0.0 if tied else (int(text["vocab_size"]) - 1) * hidden * _EMBEDDING_BYTES
-    assert size.dense_weight_bytes is not None  # always set when sized from a config
     assert size.kv_bytes_per_token is not None and size.kv_split is not None
     assert size.active_parameters is not None and size.num_layers is not None
     return ModelFacts(
@@ -263,6 +255,6 @@ def model_facts(
         experts_per_token=size.experts_per_token,
         kv_bytes_per_token=size.kv_bytes_per_token,
         kv_cache_dtype=kv_cache_dtype or "auto",
-        weight_bytes=size.dense_weight_bytes + size.routed_expert_bytes + table,
+        weight_bytes=size.resident_bytes,
         quantization=quant,
     )

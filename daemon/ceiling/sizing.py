@@ -86,6 +86,17 @@ class ModelSize:
     #: latent cache, DeepSeek's MLA, is one tensor each GPU keeps whole: 1).
     kv_split: int | None = None
     num_layers: int | None = None
+    #: What the weights occupy (all of them, the input embedding table included), when
+    #: it differs from what a token reads; see ``resident_bytes``.
+    resident_weight_bytes: float | None = None
+
+    @property
+    def resident_bytes(self) -> float:
+        """What the weights occupy on the GPUs, all of them together: a config's count,
+        or, from a parameter count, every weight (all of them are read)."""
+        if self.resident_weight_bytes is not None:
+            return self.resident_weight_bytes
+        return self.weight_bytes_per_token
 
 
 def model_size_from_parameters(parameters_billion: float, dtype: str) -> ModelSize:
@@ -423,6 +434,9 @@ def model_size_from_config(
         attention_flops_per_context_token=float(att.layers * att.flops_per_pair),
         kv_split=att.kv_split,
         num_layers=att.layers,
+        resident_weight_bytes=float(
+            counts.linear_total * weight_bytes + counts.other_total * act_bytes
+        ),
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from vllm_triage.ceiling.gpus import find_gpu, load_gpu_table
 from vllm_triage.ceiling.hardware import ceiling_rows
-from vllm_triage.ceiling.resolve import model_size
+from vllm_triage.ceiling.resolve import model_size, table_model
 from vllm_triage.ceiling.sizing import ModelSize
 from vllm_triage.commands.argtypes import fraction, positive_float, positive_int
 from vllm_triage.errors import ConfigError
@@ -25,8 +25,10 @@ Print the decode ceiling (tokens/s for one stream) of a model on each GPU of the
 table: published memory bandwidth divided by the weight bytes one decoded token reads.
 It is arithmetic, not a benchmark: measured speed is below it, and how far below tells
 whether to fix the serving stack or the hardware. Give the model as a parameter count
-(every weight read per token) or as its config.json (mixture-of-experts models read only
-their active experts; the KV cache bytes per token are reported too)."""
+(every weight read per token), as its config.json, or by the name vLLM serves it under
+when the bundled model table has it (mixture-of-experts models read only their active
+experts; the KV cache bytes per token are reported too). The "facts" line says where
+each figure came from, as the daemon's decode_facts_source does."""
 
 EPILOG = """\
 examples:
@@ -34,6 +36,7 @@ examples:
   vllm-triage ceiling --parameters-billion 70 --dtype int4 --gpu h100 --tensor-parallel-size 2
   vllm-triage ceiling --config-json ./Llama-3.1-8B-Instruct/config.json --format json
   vllm-triage ceiling --config-json config.json --kv-cache-dtype fp8 --achievable-fraction 0.8
+  vllm-triage ceiling --model meta-llama/Llama-3.1-8B-Instruct --gpu h100
 
 Figures are published peaks; --achievable-fraction discounts the bandwidth to what real
 kernels reach. Tensor parallelism reads 1/N of the weights on each of N GPUs, so the
@@ -74,6 +77,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="NAME",
         help="KV cache dtype, e.g. fp8 (default: the model's 16-bit dtype; needs --config-json)",
     )
+    p.add_argument(
+        "--model",
+        metavar="NAME",
+        help="the model by the name vLLM serves it under (its model_name), from the bundled "
+        "table rules/models.yaml, e.g. meta-llama/Llama-3.1-8B-Instruct or Qwen3-8B-FP8",
+    )
     p.add_argument("--gpu", metavar="NAME", help="only this GPU (name or alias, e.g. h100, 4090)")
     p.add_argument(
         "--tensor-parallel-size",
@@ -93,11 +102,26 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(func=run)
 
 
-def _model_size(args: argparse.Namespace) -> ModelSize:
-    if (args.parameters_billion is None) == (args.config_json is None):
-        raise ConfigError("give exactly one of --parameters-billion or --config-json")
-    if args.config_json is None and args.kv_cache_dtype is not None:
+def _model_size(args: argparse.Namespace) -> tuple[ModelSize, str]:
+    """The model's size and where it came from (``weights=...``, as the daemon says it)."""
+    given = [a for a in (args.parameters_billion, args.config_json, args.model) if a is not None]
+    if len(given) != 1:
+        raise ConfigError(
+            "give exactly one of --parameters-billion or --config-json "
+            "(or --model, a name vLLM serves that is in rules/models.yaml)"
+        )
+    if args.parameters_billion is not None and args.kv_cache_dtype is not None:
         raise ConfigError("--kv-cache-dtype needs --config-json (the KV layout comes from it)")
+    if args.model is not None:
+        if args.dtype is not None:
+            raise ConfigError("--dtype with --model: name the quantized model instead (-FP8)")
+        found = table_model(args.model, args.kv_cache_dtype)
+        if found is None:
+            raise ConfigError(
+                f"--model {args.model!r} is in no model table (rules/models.yaml); "
+                "give --parameters-billion or --config-json"
+            )
+        return found.size, f"model table ({found.source.detail}; found by its {found.how})"
     size = model_size(
         parameters_billion=args.parameters_billion,
         config_json=args.config_json,
@@ -105,14 +129,30 @@ def _model_size(args: argparse.Namespace) -> ModelSize:
         kv_cache_dtype=args.kv_cache_dtype,
     )
     assert size is not None  # exactly one of the two was given
-    return size
+    if args.config_json is not None:
+        return size, f"config.json ({Path(args.config_json).name})"
+    return size, "--parameters-billion x --dtype"
 
 
-def _render_text(size: ModelSize, rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+def facts_source(size: ModelSize, weights: str, args: argparse.Namespace, gpu: str) -> str:
+    """Every fact of the ceiling with its source, as the daemon's ``decode_facts_source``."""
+    kv = weights.partition(";")[0] + (")" if ";" in weights else "")
+    if size.kv_bytes_per_token is None:
+        kv = "unknown (a parameter count has no KV layout)"
+    return (
+        f"bandwidth=gpu table ({gpu}); weights={weights}; kv_bytes_per_token={kv}; "
+        f"tensor_parallel=--tensor-parallel-size ({args.tensor_parallel_size})"
+    )
+
+
+def _render_text(
+    size: ModelSize, rows: list[dict[str, Any]], args: argparse.Namespace, facts: str
+) -> str:
     """An aligned table under a header that says what the ceiling was computed from."""
     lines = [
         f"Decode ceiling, one stream: {size.parameters / 1e9:.2f}B parameters, {size.dtype}, "
-        f"{size.weight_bytes_per_token / 1e9:.2f} GB of weights read per token"
+        f"{size.weight_bytes_per_token / 1e9:.2f} GB of weights read per token",
+        f"facts: {facts}",
     ]
     if args.tensor_parallel_size != 1 or args.achievable_fraction != 1.0:
         lines.append(
@@ -142,7 +182,7 @@ def _render_text(size: ModelSize, rows: list[dict[str, Any]], args: argparse.Nam
 def run(args: argparse.Namespace) -> int:
     """Print the ceiling rows; user errors go to stderr as one line and return 2."""
     try:
-        size = _model_size(args)
+        size, weights = _model_size(args)
         gpus = (find_gpu(args.gpu),) if args.gpu else load_gpu_table()
     except ConfigError as exc:
         print(f"vllm-triage ceiling: error: {exc}", file=sys.stderr)
@@ -151,8 +191,11 @@ def run(args: argparse.Namespace) -> int:
     # order, the same in text and JSON.
     ordered = sorted(gpus, key=lambda g: (g.memory_bandwidth_gb_s, g.name))
     rows = ceiling_rows(size, ordered, args.tensor_parallel_size, args.achievable_fraction)
+    for row in rows:
+        row["decode_facts_source"] = facts_source(size, weights, args, row["gpu"])
     if args.format == "json":
         print(json.dumps(rows, indent=2))
     else:
-        print(_render_text(size, rows, args))
+        card = rows[0]["gpu"] if len(rows) == 1 else "each row"
+        print(_render_text(size, rows, args, facts_source(size, weights, args, card)))
     return 0

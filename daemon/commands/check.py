@@ -115,7 +115,7 @@ def check(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Scrape and diagnose; ``progress(done, of, outcome)`` is told after each scrape."""
-    from vllm_triage.assemble import build_rulebook
+    from vllm_triage.assemble import build_rulebook, model_rulebooks
     from vllm_triage.config.load import load_settings
     from vllm_triage.core.drive import Driver, Unusable
     from vllm_triage.core.evaluate import Evaluator
@@ -127,8 +127,12 @@ def check(
     settings = load_settings(config)
     # The window must hold every scrape of the check, whatever the settings say. The
     # verdict is this window's own, so a stall breaches at stall_after_seconds itself.
+    rules = build_rulebook(settings)
     evaluator = Evaluator(
-        build_rulebook(settings), window_seconds=window * 2 + timeout, open_after=1
+        rules,
+        rulebook_for=model_rulebooks(settings, rules),
+        window_seconds=window * 2 + timeout,
+        open_after=1,
     )
     driver = Driver(evaluator)
     errors: Counter[str] = Counter()
@@ -240,7 +244,19 @@ def _text(result: dict[str, Any]) -> str:
                 f"ITL p99 {_fmt(m['itl_p99_seconds'], ' s')}, "
                 f"waiting {_fmt(m['requests_waiting_mean'])}"
             )
+        lines.extend(_facts(m.get("evidence", {})))
     return "\n".join(lines)
+
+
+def _facts(evidence: dict[str, Any]) -> list[str]:
+    """What the roofline assumed, and where each fact came from (docs/physics.md,
+    "Where each fact comes from"), so a verdict can be checked against the server."""
+    out: list[str] = []
+    if "model_source" in evidence:
+        out.append(f"    model: {evidence['model_source']}")
+    if "decode_facts_source" in evidence:
+        out.append(f"    facts: {evidence['decode_facts_source']}")
+    return out
 
 
 def terminal_progress(stream: TextIO, *, window: float) -> Progress:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_triage.core import roofline
+from vllm_triage.core import decode_facts, roofline
 from vllm_triage.core.model import EvidenceValue
 from vllm_triage.core.roofline import StepRoofline
 from vllm_triage.core.rulebook import Rulebook, Thresholds
@@ -25,6 +25,10 @@ TERM_WORDS = {
     "draft": "the draft model's reads dominate",
     "compute": "compute-bound: too many tokens per step",
 }
+
+
+#: What settles an unknown card: its name (bandwidth and compute from rules/gpus.yaml).
+SETTLE_CARD = "set hardware.gpu (or hardware.memory_bandwidth_gb_s)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,16 +71,24 @@ def decode_split(
                 + ": at the hardware limit (measured; no floor: no hardware or model set)",
                 "hardware",
             )
-        return head + " (no hardware set: the decode step floor is unknown)" + measured, "unknown"
-    gb = [f"{r.weight_bytes / 1e9:.3g} GB weights"]
+        if rules.roofline is None:
+            why = f"no hardware set: the decode step floor is unknown; {SETTLE_CARD}"
+        else:
+            why = f"the model's size is unknown: {decode_facts.SETTLE_WEIGHTS}"
+        return head + f" ({why})" + measured, "unknown"
+    gb = [] if r.weight_bytes is None else [f"{r.weight_bytes / 1e9:.3g} GB weights"]
     if r.kv_bytes is not None:
         gb.append(f"{r.kv_bytes / 1e9:.3g} GB KV")
     if r.draft_bytes:
         gb.append(f"{r.draft_bytes / 1e9:.3g} GB draft")
+    reads = " + ".join(gb)
+    if r.bytes_from_vllm and r.vllm_bytes is not None:
+        facts = f" (the facts: {reads})" if reads else ""
+        reads = f"{r.vllm_bytes / 1e9:.3g} GB by vLLM's estimate{facts}"
     where = (
         f"; a decode step takes {r.step_seconds * 1e3:.3g} ms against a floor of "
         f"{r.floor_seconds * 1e3:.3g} ms on {r.gpu} ({r.ratio:.0%}, {r.bound_by}-bound, "
-        f"{' + '.join(gb)} per GPU per step)"
+        f"{reads} per GPU per step)"
     )
     if r.left_out:
         where += "; left out: " + ", ".join(item.partition(":")[0] for item in r.left_out)
@@ -99,6 +111,15 @@ def decode_split(
         return (
             head + where + ": faster than the hardware allows, so the hardware or model "
             f"settings are wrong (check {check})",
+            "unknown",
+        )
+    if r.lower_bound and r.ratio < th.near_ceiling_ratio:
+        # The memory terms left out (compute and the batch size do not close a gap).
+        terms = [i.partition(":")[0] for i in r.left_out if not i.startswith(("compute", "batch"))]
+        return (
+            head + where + f": {' and '.join(terms) or 'a term left out'} could close the gap, so "
+            f"{r.ratio:.0%} is only a lower bound and the limit is unknown: "
+            f"{r.gaps[0]}",
             "unknown",
         )
     if r.ratio >= th.near_ceiling_ratio:
@@ -127,7 +148,7 @@ def decode_evidence(
         ev["decode_dram_active_ratio"] = round(dram.active, 4)
         if dram.agrees is not None:
             ev["decode_dram_agrees_with_roofline"] = dram.agrees
-    if r is not None and limit == "unknown":
+    if r is not None and limit == "unknown" and r.ratio >= th.roofline_impossible_ratio:
         ev["decode_settings_suspect"] = ", ".join(roofline.suspect_settings(r))
     return ev
 
@@ -136,9 +157,11 @@ def decode_remediation(
     limit: str, r: StepRoofline | None, rules: Rulebook, generic: tuple[str, ...]
 ) -> tuple[str, ...]:
     """The decode fixes in the order the roofline says: the binding term's first at the
-    limit, the serving stack's below it, the settings when the floor is impossible."""
+    limit, the serving stack's below it, the settings when the floor is impossible; the
+    cause's own when the limit is unknown for want of a fact."""
     texts = rules.decode_remediation
-    if r is None or not texts:
+    th = rules.thresholds
+    if r is None or not texts or (limit == "unknown" and r.ratio < th.roofline_impossible_ratio):
         # Below the ceiling the hardware is not the first thing to change.
         return generic[2:] + generic[:2] if limit == "serving_stack" else generic
     if limit == "hardware":

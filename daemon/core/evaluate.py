@@ -28,7 +28,7 @@ jump window to window.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from vllm_triage.core.diagnose import diagnose
@@ -66,12 +66,15 @@ class Evaluation:
 
 
 class Evaluator:
-    """Window, classifier and incident tracker for one target."""
+    """Window, classifier and incident tracker for one target. ``rulebook_for`` gives a
+    served model (vLLM's ``model_name``) its own rulebook: a pure function the assembly
+    lends (``assemble.model_rulebooks``), so the core never reads a table itself."""
 
     def __init__(
         self,
         rulebook: Rulebook,
         *,
+        rulebook_for: Callable[[str], Rulebook] | None = None,
         window_seconds: float = 60.0,
         open_after: int = 3,
         resolve_after: int = 3,
@@ -79,6 +82,9 @@ class Evaluator:
         reopen_within: int = 60,
     ) -> None:
         self.rulebook = rulebook
+        #: A served model's own rulebook (the assembly's: the bundled model table where
+        #: the settings leave the model's facts to it), else ``rulebook``. Pure, cached.
+        self.rulebook_for = rulebook_for
         self.window = Window(window_seconds, min_observations=rulebook.thresholds.min_observations)
         self.incidents = IncidentTracker(
             open_after=open_after,
@@ -141,6 +147,9 @@ class Evaluator:
         self._last_at = at
         return self._judge(at, dict(signals), rulebooks or {}, problems)
 
+    def _rules(self, model: str) -> Rulebook:
+        return self.rulebook if self.rulebook_for is None else self.rulebook_for(model)
+
     def _diagnose(self, s: Signals, rules: Rulebook, *, keep: Cause | None = None) -> Diagnosis:
         d = diagnose(s, rules, open_after=self.incidents.open_after, keep=keep)
         if rules.provenance:
@@ -179,7 +188,7 @@ class Evaluator:
         measured: dict[str, dict[str, float]] = {}
         transitions: list[Transition] = []
         for model in sorted(signals):
-            rules = rulebooks.get(model, self.rulebook)
+            rules = rulebooks.get(model) or self._rules(model)
             d = self._diagnose(signals[model], rules)
             # Two reasons to keep a verdict from the tracker: the diagnosis itself has
             # none (a frozen engine, not yet stalled), or it is a clear evaluation too

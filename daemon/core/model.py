@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from vllm_triage.core.kvpool import CacheConfig
+
 Cause = Literal["stalled", "prefill_bound", "decode_bound", "queue_bound", "kv_pressure"]
 #: Causes in causal order (see ``diagnose``): a hung engine explains every other symptom,
 #: KV pressure makes requests wait, waiting inflates TTFT, and a long prefill stalls
@@ -52,10 +54,14 @@ class Histogram:
 
 @dataclass(frozen=True, slots=True)
 class KVPool:
-    """The KV cache pool of one target, from ``vllm:cache_config_info`` (summed over engines)."""
+    """The KV cache pool of one target, from ``vllm:cache_config_info``: its blocks summed
+    over engines, and one engine's labels as read (``config``: pool tokens, bytes,
+    utilization and cache dtype per engine; the first engine's, since every engine of a
+    server loads the same model the same way)."""
 
     block_size: int
     num_gpu_blocks: int
+    config: CacheConfig | None = None
 
     @property
     def tokens(self) -> int:
@@ -105,6 +111,10 @@ class ModelSeries:
     #: Each engine's sleep state when vLLM's sleep mode is on (``awake``,
     #: ``weights_offloaded``, ``discard_all``), by its ``engine`` label.
     sleep: Mapping[str, str] = field(default_factory=dict)
+    #: vLLM's estimate of the bytes its steps read and the FLOPs they computed, per GPU
+    #: (``vllm:estimated_*_per_gpu_total``; only with ``--enable-mfu-metrics``).
+    estimated_read_bytes: float | None = None
+    estimated_flops: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,6 +290,12 @@ class Signals:
     #: more (``core.signals.INCONSISTENT_RESETS``) is a target that is not one server
     #: (a load balancer alternating between two), and its rates are left out.
     counter_resets: int = 0
+    #: The KV pool's settings as vLLM exported them (newest scrape; one engine's).
+    kv_cache: CacheConfig | None = None
+    #: vLLM's own estimate over the window, per GPU: bytes its steps read, FLOPs they
+    #: computed (window increases; ``None`` when not exposed).
+    estimated_read_bytes: float | None = None
+    estimated_flops: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +343,8 @@ class WindowTotals:
     #: ``None``, ``progress_missing`` says why.
     progress: Progress | None = None
     progress_missing: str = "not exposed by this vLLM: no token, step or latency counter"
+    #: The KV pool's settings as vLLM exported them (``KVPool.config``).
+    kv_cache: CacheConfig | None = None
 
 
 #: One number (or fact) of a diagnosis's evidence; a tuple of strings names several

@@ -25,6 +25,14 @@ vLLM renamed several series (see ``tests/fixtures/vllm/SOURCES.md`` and vLLM's
 - ``vllm:request_render_duration_seconds`` (0.34 on): chat template, tokenization and
   multimodal preprocessing in the API server, before the engine sees the request (no
   ``engine`` label; ``request_type`` is chat or completion). TTFT includes it.
+- vLLM's own estimate of what its steps cost the hardware (``--enable-mfu-metrics``;
+  seen in 0.19 and later): ``vllm:estimated_read_bytes_per_gpu_total`` and
+  ``vllm:estimated_flops_per_gpu_total`` count the bytes read and the FLOPs of every step,
+  per GPU, so their increases over the steps' give one step's (``docs/physics.md``, "Where
+  each fact comes from").
+- ``vllm:cache_config_info`` (an info gauge without ``model_name``) holds the KV pool's
+  settings as labels: its size in blocks and tokens, the cache dtype, the memory
+  utilization and, when the operator fixed it, the pool's bytes per GPU.
 - Ray Serve re-exports the same families with the prefix ``ray_vllm:``.
 - Since 0.12 every counter and histogram has a ``_created`` sample (exposed by
   prometheus_client as a separate ``..._created`` gauge family); those names are simply
@@ -69,6 +77,8 @@ _COUNTERS: tuple[tuple[str, str, Generation], ...] = (
     ("spec_drafts", "spec_decode_num_drafts_total", "both"),
     ("spec_draft_tokens", "spec_decode_num_draft_tokens_total", "both"),
     ("spec_accepted_tokens", "spec_decode_num_accepted_tokens_total", "both"),
+    ("estimated_read_bytes", "estimated_read_bytes_per_gpu_total", "both"),
+    ("estimated_flops", "estimated_flops_per_gpu_total", "both"),
 )
 _HISTOGRAMS: tuple[tuple[str, str, Generation], ...] = (
     ("ttft", "time_to_first_token_seconds", "both"),
@@ -94,6 +104,8 @@ COUNTER_FIELDS = (
     "spec_drafts",
     "spec_draft_tokens",
     "spec_accepted_tokens",
+    "estimated_read_bytes",
+    "estimated_flops",
 )
 HISTOGRAM_FIELDS = (
     "ttft",

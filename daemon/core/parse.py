@@ -38,6 +38,7 @@ from collections.abc import Collection, Generator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from vllm_triage.core.kvpool import parse_cache_config
 from vllm_triage.core.model import Era, Histogram, KVPool, ModelSeries, Snapshot
 from vllm_triage.core.names import (
     COUNTER_FIELDS,
@@ -492,7 +493,8 @@ def _kv_pool(pools: list[LabelSet], problems: list[str]) -> KVPool | None:
     if len(block) != 1 or blocks <= 0:
         problems.append("cache_config_info: engines disagree on block_size; pool size unknown")
         return None
-    return KVPool(block_size=block.pop(), num_gpu_blocks=blocks)
+    first = min(pools, key=lambda p: p.get("engine", ""))
+    return KVPool(block_size=block.pop(), num_gpu_blocks=blocks, config=parse_cache_config(first))
 
 
 def _assemble(
@@ -569,6 +571,8 @@ def _assemble(
             # One engine is the merged series itself: watched as today.
             per_engine=per_engine.get(model, {}) if len(per_engine.get(model, {})) > 1 else {},
             sleep=sleep.get(model, {}),
+            estimated_read_bytes=counters.get("estimated_read_bytes"),
+            estimated_flops=counters.get("estimated_flops"),
         )
     return Snapshot(
         at=at,

@@ -11,8 +11,34 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from vllm_triage.core.model import Cause
+
+#: Where a fact of the roofline came from, first to last in the order they are tried
+#: (``docs/physics.md``, "Where each fact comes from"): what the user set, the model's
+#: own config.json, what vLLM's metrics say, the bundled tables (a card's row of
+#: rules/gpus.yaml, a model's row of rules/models.yaml), an estimate, a default.
+SourceKind = Literal[
+    "settings", "config.json", "metrics", "gpu table", "model table", "estimate", "default"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One fact's source, and a few words of which (``gpu table (NVIDIA H100 SXM)``)."""
+
+    kind: SourceKind
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind} ({self.detail})" if self.detail else self.kind
+
+    @property
+    def given(self) -> bool:
+        """Whether the user said it (the settings or the config.json they named): such a
+        fact outranks what the metrics imply."""
+        return self.kind in ("settings", "config.json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +98,19 @@ class Roofline:
     - ``draft_weight_bytes``, ``draft_parameters`` and ``draft_kv_bytes_per_token``: a
       draft model's weights and its own KV cache per token, both read once per draft
       token (0 for n-gram drafting).
+    - ``kv_in_model_dtype``: ``kv_bytes_per_token`` is the model's own 16-bit figure (a
+      config.json or a model row, no KV dtype set), so the cache dtype vLLM reports
+      applies to it (fp8 halves it).
+    - ``memory_gb`` and ``resident_weight_bytes``: the card's memory and what the weights
+      occupy (all GPUs), for estimating the KV pool's bytes from its size in tokens.
+    - ``sources``: where each fact came from, by name (``bandwidth``, ``compute``,
+      ``weights``, ``kv_bytes_per_token``, ``tensor_parallel``, ``active_parameters``);
+      the core adds what it reads from the metrics (``vllm_triage.core.decode_facts``).
     """
 
     gpu: str
     memory_bandwidth_gb_s: float
-    weight_bytes: float
+    weight_bytes: float | None
     achievable_fraction: float = 1.0
     compute_tflops: float | None = None
     tensor_parallel_size: int = 1
@@ -90,6 +124,10 @@ class Roofline:
     draft_weight_bytes: float | None = None
     draft_parameters: float | None = None
     draft_kv_bytes_per_token: float | None = None
+    kv_in_model_dtype: bool = False
+    memory_gb: float | None = None
+    resident_weight_bytes: float | None = None
+    sources: Mapping[str, Source] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

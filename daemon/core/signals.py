@@ -196,6 +196,9 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
         decode_tokens_per_step=steps.tokens_per_step,
         dram_active_mean=t.dram_active_mean,
         counter_resets=t.counter_resets,
+        kv_cache=t.kv_cache,
+        estimated_read_bytes=counters.get("estimated_read_bytes") if span > 0 else None,
+        estimated_flops=counters.get("estimated_flops") if span > 0 else None,
     )
 
 

@@ -458,6 +458,7 @@ class Window:
             kv_usage_busy_mean=sum(u * w for u, w in weighted) / weight if weight > 0 else None,
             engines=newest_series.engines if newest_series is not None else 1,
             kv_pool_tokens=newest.kv_pool.tokens if newest.kv_pool is not None else None,
+            kv_cache=newest.kv_pool.config if newest.kv_pool is not None else None,
             layout_changed=frozenset(layout_changed),
             progress=progress,
             counter_resets=resets,

@@ -10,7 +10,9 @@ In order, key by key:
    ``rules/gpus.yaml``, which lists DCGM's spellings as aliases) and how many GPUs the
    pod holds, as the tensor-parallel size;
 3. ``prometheus.models``: the model by vLLM's ``model_name``;
-4. the top-level ``hardware`` and ``model``.
+4. the top-level ``hardware`` and ``model``, and for the model's facts they leave unsaid,
+   the bundled model table (``rules/models.yaml``) by ``model_name``, as a sidecar does
+   (``assemble.served_rulebook``; a name in no table is said, never guessed).
 
 A card's name, bandwidth and compute figure come from one source together: a
 bandwidth set at the top level says nothing about a card DCGM found.
@@ -73,6 +75,13 @@ class RulebookFactory(Protocol):
 
     def rulebook(self, hardware: HardwareSettings, model: ModelSettings) -> Rulebook: ...
 
+    def table_rulebook(
+        self, hardware: HardwareSettings, model: ModelSettings, served_name: str
+    ) -> Rulebook | None:
+        """The rulebook with the served model's row of the bundled table for what
+        ``model`` leaves unsaid; ``None`` when ``model`` says it all or no row matches."""
+        ...
+
     def check_model(self, model: ModelSettings) -> None: ...
 
 
@@ -133,7 +142,9 @@ class HardwareResolver:
         rule = next(((i, hw, m) for i, ms, hw, m in self._rules if matches_all(ms, seen)), None)
         hw, hw_from = self._hardware(rule, card)
         model, model_from = self._model(rule, model_name)
-        return self._provenanced(hw, model, tuple(sorted(hw_from.items())), model_from)
+        # The top-level model may leave facts to the bundled table, by the served name.
+        served = model_name if model_from == "settings" else ""
+        return self._provenanced(hw, model, tuple(sorted(hw_from.items())), model_from, served)
 
     def _with_provenance(
         self,
@@ -141,9 +152,13 @@ class HardwareResolver:
         model: ModelSettings,
         hw_from: tuple[tuple[str, str], ...],
         model_from: str,
+        served: str,
     ) -> Rulebook:
-        provenance = dict(hw_from) | {"model_source": model_from}
-        return dataclasses.replace(self._rulebook(hw, model), provenance=provenance)
+        rules = self._factory.table_rulebook(hw, model, served) if served else None
+        if rules is None:
+            rules = self._rulebook(hw, model)
+        provenance = dict(hw_from) | {"model_source": model_from} | dict(rules.provenance)
+        return dataclasses.replace(rules, provenance=provenance)
 
     def _hardware(
         self,

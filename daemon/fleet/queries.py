@@ -10,8 +10,8 @@ windowing, one per signal, each answering for every server (its identity labels)
   counters' increases (rates, speculative decoding);
 - the gauges' mean, max and min over the window, their means over the moments requests
   were running (a subquery at the evaluation step), the samples and the engines;
-- ``cache_config_info``'s pool size; and, with DCGM, each pod's card, GPU count and
-  memory activity.
+- ``cache_config_info``'s pool size and settings (bytes, utilization, cache dtype); and,
+  with DCGM, each pod's card, GPU count and memory activity.
 
 Every vLLM naming era can be asked for: a field's names (the current one, the V0 one,
 Ray Serve's prefix) are joined with ``or on (<server>, model_name)``, so a server that
@@ -42,7 +42,17 @@ BUCKET_FIELDS = ("ttft", "itl", "iteration_tokens")
 COUNTERS = tuple(c for c in COUNTER_FIELDS if c != "requests_finished")
 DCGM_MODEL = "modelName"
 DCGM_UUID = "UUID"
-POOL_LABELS = ("engine", "block_size", "num_gpu_blocks")
+#: ``cache_config_info``'s labels read: the pool's size, and what sizes its KV bytes per
+#: token (``core.kvpool.CacheConfig``).
+POOL_LABELS = (
+    "engine",
+    "block_size",
+    "num_gpu_blocks",
+    "kv_cache_size_tokens",
+    "kv_cache_memory_bytes",
+    "gpu_memory_utilization",
+    "cache_dtype",
+)
 #: Every name the queries may read, as one regular expression (for the names call).
 NAMES_REGEX = "|".join(re.escape(name) for name in sorted(SAMPLES))
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_triage.core.kvpool import CacheConfig, parse_cache_config
 from vllm_triage.core.model import GaugeStats, Histogram, Progress, WindowTotals
 from vllm_triage.core.names import HISTOGRAM_FIELDS, MAX_ENGINES, label_value
 from vllm_triage.fleet.queries import BUCKET_FIELDS, COUNTERS, DCGM_MODEL, POOL_LABELS
@@ -59,7 +60,13 @@ class Server:
     labels: dict[str, str]
     models: dict[str, _Model] = field(default_factory=dict)
     pool: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Each engine's ``cache_config_info`` labels, as the parser reads them.
+    cache: dict[str, CacheConfig] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+
+    def cache_config(self) -> CacheConfig | None:
+        """One engine's KV pool settings (the first's, as the parser takes them)."""
+        return self.cache[min(self.cache)] if self.cache else None
 
     def pool_tokens(self) -> int | None:
         """The KV pool in tokens, all engines together (``None``: not known); call once."""
@@ -162,10 +169,11 @@ class Fleet:
                 model.values[key] = value
 
     def _pool(self, server: Server, metric: Mapping[str, str]) -> None:
-        engine, block, blocks = (metric.get(k, "") for k in POOL_LABELS)
+        engine, block, blocks = (metric.get(k, "") for k in POOL_LABELS[:3])
         # vLLM says "None" before it has profiled the pool: not known yet, not a fault.
         with contextlib.suppress(ValueError):
             server.pool[engine] = (int(block), int(blocks))
+            server.cache[engine] = parse_cache_config(metric)
 
     def _dcgm(
         self, key: str, metric: Mapping[str, str], value: float | None, join: tuple[str, ...]
@@ -214,6 +222,7 @@ def totals(
     window_seconds: float,
     *,
     pool_tokens: int | None = None,
+    kv_cache: CacheConfig | None = None,
     dram_active: float | None = None,
     stall_seconds: float = 60.0,
 ) -> WindowTotals:
@@ -241,6 +250,7 @@ def totals(
         kv_usage_busy_mean=v.get("kv_usage_busy_mean"),
         engines=max(1, m.engines),
         kv_pool_tokens=pool_tokens,
+        kv_cache=kv_cache,
         dram_active_mean=dram_active,
         progress=_progress(m, at, stall_seconds),
         progress_missing="not exposed: no token, step or scheduler series per engine",

@@ -387,7 +387,7 @@ class PrometheusSource:
             gpus = fleet.dcgm_gpus.get(pod) if any(pod) else None
             card = Card(gpus) if gpus else None
             dram = fleet.dcgm_dram.get(pod) if any(pod) else None
-            pool = server.pool_tokens()
+            pool, cache = server.pool_tokens(), server.cache_config()
             rulebooks = {m: self.hardware.resolve(server.labels, m, card) for m in server.models}
             signals = {
                 m: signals_from_totals(
@@ -397,6 +397,7 @@ class PrometheusSource:
                         at,
                         window,
                         pool_tokens=pool,
+                        kv_cache=cache,
                         dram_active=dram,
                         stall_seconds=self.plan.stall_seconds,
                     ),

@@ -124,7 +124,9 @@ _SIGNALS: tuple[tuple[str, str, Callable[[Signals, Mapping[str, float]], float |
     (
         "decode_roofline_ratio",
         "Decode step floor / measured step: near 1 at the hardware limit, far below it the "
-        "serving stack, above 1 impossible (the hardware or model settings are wrong).",
+        "serving stack, above 1 impossible (the hardware or model settings are wrong). A "
+        "lower bound when the facts are incomplete: a term that could close the gap is "
+        "unknown (decode_roofline_ratio_is_lower_bound in the evidence).",
         lambda s, m: m.get("decode_roofline_ratio"),
     ),
     (

@@ -162,7 +162,7 @@ def _config_v1(engine: Engine, index: str) -> Labels:
         "kv_cache_dtype_skip_layers": "[]",
         "kv_cache_layout": "None",
         "kv_cache_max_concurrency": str(pool / spec.max_model_len),
-        "kv_cache_memory_bytes": "None",
+        "kv_cache_memory_bytes": str(spec.kv_cache_memory_bytes),
         "kv_cache_size_tokens": str(pool),
         "kv_offloading_backend": "native",
         "kv_offloading_size": "None",

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vllm_triage.ceiling.gpus import find_gpu
+from vllm_triage.ceiling.pool import GIB, card_memory_bytes
 from vllm_triage.ceiling.sizing import bytes_per_param
 from vllm_triage.simulator.spec import ServerSpec, Workload
 
@@ -31,10 +32,36 @@ Expectation = Literal[
 ]
 
 
+#: What the simulated profile run keeps out of the pool besides the weights: a constant
+#: plus a share of the card (activations at vLLM's batch defaults, CUDA graphs, buffers),
+#: 5 GiB on an H100, inside the 4.4 to 7.9 GiB vLLM logs there (docs/physics.md, "Where
+#: each fact comes from"), and not the estimator's own nominal figure.
+PROFILE_RESERVE = (1.0 * GIB, 0.05)
+
+
+def profiled_blocks(
+    memory_gb: float,
+    gpu_memory_utilization: float,
+    weight_bytes_per_gpu: float,
+    kv_bytes_per_token_per_gpu: float,
+    block_size: int,
+) -> int:
+    """The pool vLLM sizes itself when not told its bytes: what is left of the card's
+    memory (as PyTorch reports it) x ``gpu_memory_utilization`` once the weights and the
+    profile run's peak are taken out, in whole blocks."""
+    total = card_memory_bytes(memory_gb)[0]
+    constant, share = PROFILE_RESERVE
+    pool = total * gpu_memory_utilization - weight_bytes_per_gpu - (constant + share * total)
+    blocks = int(pool // (kv_bytes_per_token_per_gpu * block_size))
+    if blocks < 1:
+        raise ValueError("the weights leave no room for a KV pool on this card")
+    return blocks
+
+
 def server_spec(
     gpu: str,
     *,
-    num_gpu_blocks: int,
+    num_gpu_blocks: int | None = None,
     max_num_batched_tokens: int,
     max_model_len: int,
     parameters_billion: float = 8.03,
@@ -51,6 +78,7 @@ def server_spec(
     draft_kv_bytes_per_token: float = 0.0,
     tensor_parallel_size: int = 1,
     kv_heads: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
     **caps: Any,
 ) -> ServerSpec:
     """A model (Llama-3.1-8B at bf16 unless told otherwise) on a card of rules/gpus.yaml.
@@ -67,6 +95,10 @@ def server_spec(
     ``draft_kv_bytes_per_token``. Under tensor parallelism
     the spec is one GPU's: its share of the weights and FLOPs, and of the KV cache
     (``kv_heads`` split over the GPUs, replicated below one head each).
+
+    The KV pool is ``num_gpu_blocks`` when given; else ``kv_cache_memory_bytes`` per GPU
+    (``--kv-cache-memory-bytes``, shown in ``vllm:cache_config_info``) in whole blocks;
+    else sized as vLLM's profile run sizes it from the card's memory (``profiled_blocks``).
 
     Raises ``ConfigError`` for an unknown card or dtype, ``ValueError`` for numbers vLLM
     would refuse.
@@ -93,7 +125,19 @@ def server_spec(
     draft = float(round(draft_parameters_billion * 1e9))
     tp = tensor_parallel_size
     kv_split = min(tp, kv_heads) if kv_heads else tp
+    block = int(caps.get("block_size", 16))
+    kv_per_gpu = kv_bytes_per_token / kv_split
+    if num_gpu_blocks is None and kv_cache_memory_bytes is not None:
+        num_gpu_blocks = int(kv_cache_memory_bytes // (kv_per_gpu * block))
+    elif num_gpu_blocks is None:
+        memory = find_gpu(gpu).memory_gb
+        if memory is None:
+            raise ValueError(f"{gpu} has no memory_gb in rules/gpus.yaml; give num_gpu_blocks")
+        utilization = float(caps.get("gpu_memory_utilization", 0.9))
+        weights = parameters * size / tp
+        num_gpu_blocks = profiled_blocks(memory, utilization, weights, kv_per_gpu, block)
     return ServerSpec(
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
         gpu=name,
         memory_bandwidth_gb_s=memory_bandwidth_gb_s,
         compute_tflops=compute_tflops,

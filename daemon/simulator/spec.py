@@ -46,6 +46,9 @@ class ServerSpec:
     step_overhead_s: float = 0.002
     kv_watermark: float = 0.01
     gpu_memory_utilization: float = 0.9
+    #: ``--kv-cache-memory-bytes``: the pool's bytes per GPU when the operator fixed them
+    #: (``vllm:cache_config_info`` shows them; ``None``: vLLM sized the pool itself).
+    kv_cache_memory_bytes: int | None = None
     #: The card's name in rules/gpus.yaml, when the spec was built from the table.
     gpu: str = ""
     #: Mixture of experts: all routed experts' bytes (``weight_bytes`` is the rest), read
