@@ -1,5 +1,5 @@
 """The report and the status page in a real browser: Debian's headless Chromium, driven
-through its chromedriver (tests/browser.py). Each page must draw with no script error
+through its chromedriver (tests/support/browser.py). Each page must draw with no script error
 (its own error list and the console's, which also reports any blocked fetch or refused
 script), show every panel as a uPlot chart, shade each incident in every panel, put a
 marker at each transition, and say the transition's summary on hover. Screenshots go to
@@ -31,9 +31,9 @@ from vllm_triage.page.spec import load_spec
 from vllm_triage.recording.reportfile import write_report
 from vllm_triage.simulator import get_scenario
 
-from browser import Loaded, chromium, full_page_screenshot, load
-from clirun import vllm_triage
-from harness import metrics_url, running_daemon, simulated, wait_for
+from support.browser import Loaded, chromium, full_page_screenshot, load
+from support.clirun import vllm_triage
+from support.harness import metrics_url, running_daemon, simulated, wait_for
 
 pytestmark = pytest.mark.browser
 

@@ -11,7 +11,7 @@ import pytest
 
 from vllm_triage.commands.ceiling import add_parser
 
-from conftest import SEED_CEILINGS
+from support.captures import SEED_CEILINGS
 
 LLAMA = Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json"
 

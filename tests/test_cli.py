@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clirun import COMMAND, vllm_triage
-from conftest import SEED_CEILINGS
-from localserver import serving
+from support.captures import SEED_CEILINGS
+from support.clirun import COMMAND, vllm_triage
+from support.localserver import serving
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 CARD_SWAP = Path(__file__).parent / "fixtures" / "scenarios" / "tour-card-swap.yaml"

@@ -25,8 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
-from clirun import COMMAND
-from harness import Receiver, free_port, wait_for
+from support.clirun import COMMAND
+from support.harness import Receiver, free_port, wait_for
 
 SCENARIO = Path(__file__).parent / "fixtures" / "scenarios" / "queue_then_healthy.yaml"
 SPEED = 20.0

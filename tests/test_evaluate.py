@@ -16,7 +16,7 @@ from vllm_triage.core.incidents import State, TrackRecord
 from vllm_triage.core.model import ModelSeries, Snapshot
 from vllm_triage.errors import ConfigError
 
-from snapshots import hist
+from support.snapshots import hist
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 

@@ -22,7 +22,7 @@ from vllm_triage.config.schema import Settings
 from vllm_triage.serve.exporter import DIAGNOSES
 from vllm_triage.simulator import Phase, Scenario, get_scenario, record
 
-from harness import (
+from support.harness import (
     Answer,
     Receiver,
     metrics_url,

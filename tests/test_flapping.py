@@ -35,7 +35,7 @@ from vllm_triage.serve.exporter import build_registry
 from vllm_triage.simulator import get_scenario, record
 from vllm_triage.simulator.scenario_files import scenario_names
 
-from clirun import vllm_triage
+from support.clirun import vllm_triage
 
 HERE = Path(__file__).parent
 SCENARIOS = HERE / "fixtures" / "scenarios"

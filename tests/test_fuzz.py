@@ -22,7 +22,7 @@ from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.core.totals import Window
 from vllm_triage.errors import ParseError
 
-from snapshots import hist, snap
+from support.snapshots import hist, snap
 
 FIXTURE = (Path(__file__).parent / "fixtures" / "vllm" / "kvwarden-vllm-0.19.1-v1.txt").read_text()
 LINES = FIXTURE.splitlines()

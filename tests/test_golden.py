@@ -3,7 +3,7 @@ recordings replayed through the daemon's watcher and rendered as ``/metrics`` mu
 ``tests/golden/metrics.prom`` byte for byte, and promtool must find nothing in it.
 
 A deliberate change to the exports regenerates the file with
-``.venv/bin/python tests/golden_metrics.py`` (see that module); read the diff.
+``.venv/bin/python tests/support/golden_metrics.py`` (see that module); read the diff.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from golden_metrics import GOLDEN, render
+from support.golden_metrics import GOLDEN, render
 
 
 def test_metrics_equal_the_golden_file() -> None:
     want = GOLDEN.read_text(encoding="utf-8")
     got = render()
-    assert got == want, "exports changed: regenerate with `python tests/golden_metrics.py`"
+    assert got == want, "exports changed: regenerate with `python tests/support/golden_metrics.py`"
 
 
 def test_the_golden_file_shows_both_incidents() -> None:

@@ -37,7 +37,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_triage.simulator import get_scenario, record
 
-from harness import free_port, refused_port, simulated
+from support.harness import free_port, refused_port, simulated
 
 #: What every hostile probe must leave: /healthz within a second, under 300 MB.
 HEALTHZ_S = 1.0

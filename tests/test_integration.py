@@ -32,8 +32,8 @@ from vllm_triage.core.totals import Window
 from vllm_triage.fleet.source import PrometheusSource, shard_of
 from vllm_triage.simulator import get_scenario, record
 
-from fleet_sim import PodGpus, dcgm_exposition, relabel, serving
-from harness import Receiver, free_port, metrics_url, running_daemon, simulated, wait_for
+from support.fleet_sim import PodGpus, dcgm_exposition, relabel, serving
+from support.harness import Receiver, free_port, metrics_url, running_daemon, simulated, wait_for
 
 pytestmark = pytest.mark.prometheus
 

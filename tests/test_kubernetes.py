@@ -27,7 +27,7 @@ import yaml
 from vllm_triage.config.load import load_settings
 from vllm_triage.serve.listener import split_listen
 
-import k8s_rules
+from support import k8s_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 KDIR = ROOT / "deploy" / "kubernetes"
@@ -172,7 +172,7 @@ class TestValidate:
         assert pr["spec"]["groups"] == rules["groups"]
 
     def test_prometheusrule_is_what_k8s_rules_writes(self) -> None:
-        """`python tests/k8s_rules.py` regenerates it byte for byte."""
+        """`python tests/support/k8s_rules.py` regenerates it byte for byte."""
         assert k8s_rules.MANIFEST == KDIR / "prometheusrule.yaml"
         assert k8s_rules.MANIFEST.read_text(encoding="utf-8") == k8s_rules.render()
 

@@ -17,8 +17,8 @@ import structlog
 from vllm_triage.logs import configure
 from vllm_triage.simulator import get_scenario
 
-from clirun import COMMAND
-from harness import metrics_url, refused_port, simulated
+from support.clirun import COMMAND
+from support.harness import metrics_url, refused_port, simulated
 
 EVIDENCE = {
     "window_seconds": 59.91,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from vllm_triage.core.parse import SnapshotParser, parse_snapshot
 from vllm_triage.errors import ParseError
 
-from conftest import fixture_text, reference_models, snapshot_models
+from support.captures import fixture_text, reference_models, snapshot_models
 
 KVWARDEN = "kvwarden-vllm-0.19.1-v1.txt"
 KUBEAI = "kubeai-vllm-0.5.x-v0.txt"

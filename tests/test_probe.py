@@ -20,8 +20,8 @@ from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import ProbeSettings, TargetSettings
 from vllm_triage.scrape.probe import Prober, completions_url
 
-from conftest import fixture_text
-from harness import refused_port, running_daemon, wait_for
+from support.captures import fixture_text
+from support.harness import refused_port, running_daemon, wait_for
 
 
 @dataclass

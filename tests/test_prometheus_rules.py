@@ -11,7 +11,7 @@ import yaml
 
 from vllm_triage.rules import read_bundled
 
-from rule_tests import NAMINGS, RULES_DIR, TESTS_DIR, path_for, render
+from support.rule_tests import NAMINGS, RULES_DIR, TESTS_DIR, path_for, render
 
 RULES = RULES_DIR / "vllm-triage.rules.yaml"
 
@@ -33,7 +33,7 @@ def exprs() -> dict[str, str]:
 class TestGenerated:
     @pytest.mark.parametrize("naming", NAMINGS)
     def test_committed_tests_are_what_the_simulator_gives(self, naming: str) -> None:
-        """rules/prometheus/tests/scenarios-*.yaml are current: `python tests/rule_tests.py`
+        """rules/prometheus/tests/scenarios-*.yaml are current: `python tests/support/rule_tests.py`
         regenerates them byte for byte (the simulator is deterministic)."""
         assert path_for(naming).read_text(encoding="utf-8") == render(naming)
 

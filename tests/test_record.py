@@ -12,8 +12,8 @@ from vllm_triage.errors import ScrapeError
 from vllm_triage.net.fetch import fetch
 from vllm_triage.recording.record import record
 
-from conftest import fixture_text
-from localserver import serving
+from support.captures import fixture_text
+from support.localserver import serving
 
 BODY = fixture_text("kvwarden-vllm-0.19.1-v1.txt").encode()
 

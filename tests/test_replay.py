@@ -20,7 +20,7 @@ from vllm_triage.recording.files import recording_files
 from vllm_triage.recording.replay import Skipped, replay
 from vllm_triage.simulator import record
 
-from clirun import vllm_triage
+from support.clirun import vllm_triage
 
 START = 1_767_225_600.0
 REQUIRED = {

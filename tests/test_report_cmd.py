@@ -21,7 +21,7 @@ from vllm_triage.recording.report import report_document
 from vllm_triage.recording.reportfile import write_report
 from vllm_triage.simulator import get_scenario, record
 
-from clirun import vllm_triage
+from support.clirun import vllm_triage
 
 RECORDINGS = Path(__file__).parent / "fixtures" / "recordings"
 CONFIG = Path(__file__).parent / "realvllm" / "triage-cpu.yaml"

@@ -22,9 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllm_triage.commands.check import check
 from vllm_triage.simulator import get_scenario
 
-from clirun import COMMAND, stderr_lines, vllm_triage
-from harness import Receiver, free_port, metrics_url, refused_port, simulated, wait_for
-from localserver import serving
+from support.clirun import COMMAND, stderr_lines, vllm_triage
+from support.harness import Receiver, free_port, metrics_url, refused_port, simulated, wait_for
+from support.localserver import serving
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -22,7 +22,7 @@ import structlog
 from vllm_triage.config.load import load_settings
 from vllm_triage.simulator import get_scenario
 
-from harness import metrics_url, refused_port, running_daemon, simulated, wait_for
+from support.harness import metrics_url, refused_port, running_daemon, simulated, wait_for
 
 SECRETS = {
     "target_token": "S3CRET-target-bearer",

@@ -13,7 +13,7 @@ from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import Settings
 from vllm_triage.simulator import get_scenario
 
-from harness import (
+from support.harness import (
     Answer,
     metrics_url,
     refused_port,

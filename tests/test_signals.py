@@ -12,7 +12,7 @@ from vllm_triage.core.model import Histogram, KVPool, Snapshot, WindowTotals
 from vllm_triage.core.signals import signals_from_totals
 from vllm_triage.core.totals import Window
 
-from snapshots import hist, snap
+from support.snapshots import hist, snap
 
 
 def fill(window: Window, snaps: list[Snapshot]) -> None:

@@ -23,7 +23,7 @@ from vllm_triage.core.parse import parse_snapshot
 from vllm_triage.simulator import get_scenario
 from vllm_triage.simulator.serve import CONTENT_TYPE, LiveSimulation
 
-from clirun import COMMAND, stderr_lines, vllm_triage
+from support.clirun import COMMAND, stderr_lines, vllm_triage
 
 START_MS = 1_767_225_600_000  # the default --start, 2026-01-01T00:00:00Z
 CAUSES = ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure", "stalled")

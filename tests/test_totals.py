@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from vllm_triage.core.model import Histogram, KVPool, ModelSeries, ProbeStatus, Snapshot
 from vllm_triage.core.totals import Window, _sum_steps, _window_deltas
 
-from snapshots import hist, snap
+from support.snapshots import hist, snap
 
 
 def fill(window: Window, snaps: list[Snapshot]) -> None:

@@ -44,7 +44,7 @@ from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.model import Transition
 from vllm_triage.recording.replay import replay
 
-from clirun import COMMAND
+from support.clirun import COMMAND
 
 pytestmark = pytest.mark.vllm
 

@@ -119,7 +119,7 @@ def clipped_screenshot(
 
 
 if __name__ == "__main__":
-    # docs/report-tour.png: python tests/browser.py REPORT.html docs/report-tour.png
+    # docs/report-tour.png: python tests/support/browser.py REPORT.html docs/report-tour.png
     import sys
 
     with chromium() as driver:

@@ -6,14 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_triage.simulator import Scenario, Simulation, load_scenario_file, parse_scenario
 
-SCENARIOS = Path(__file__).resolve().parents[1] / "fixtures" / "scenarios"
+from support.paths import SCENARIO_FIXTURES
+
+SCENARIOS = SCENARIO_FIXTURES
 START = 1_800_000_000.0
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -3,7 +3,7 @@ watcher, rendered as ``/metrics``, compared byte for byte with ``tests/golden/me
 
 Regenerate it (after a deliberate change to what is exported) with:
 
-    .venv/bin/python tests/golden_metrics.py
+    .venv/bin/python tests/support/golden_metrics.py
 
 and read the diff before committing it. What varies from machine to machine is pinned:
 the version labels of ``vllm_triage_build_info`` and the process collector (left out).
@@ -29,10 +29,11 @@ from vllm_triage.recording.files import recording_files
 from vllm_triage.serve.exporter import build_registry
 from vllm_triage.state import TargetState
 
-HERE = Path(__file__).resolve().parent
-GOLDEN = HERE / "golden" / "metrics.prom"
-RECORDINGS = HERE / "fixtures" / "recordings"
-CONFIG = HERE / "realvllm" / "triage-cpu.yaml"
+#: tests/, found from here: this module also runs as a script (`make golden`).
+TESTS = Path(__file__).resolve().parents[1]
+GOLDEN = TESTS / "golden" / "metrics.prom"
+RECORDINGS = TESTS / "fixtures" / "recordings"
+CONFIG = TESTS / "realvllm" / "triage-cpu.yaml"
 #: (target name, recording, its hardware and model): one target with a ceiling.
 TARGETS = (
     ("kv", "kv", None),
@@ -76,4 +77,4 @@ def render() -> str:
 if __name__ == "__main__":
     GOLDEN.parent.mkdir(exist_ok=True)
     GOLDEN.write_text(render(), encoding="utf-8")
-    print(f"wrote {GOLDEN.relative_to(HERE.parent)}", file=sys.stderr)
+    print(f"wrote {GOLDEN.relative_to(TESTS.parent)}", file=sys.stderr)
