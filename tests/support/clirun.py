@@ -3,6 +3,7 @@ directory outside the checkout, with a time limit."""
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import shutil
@@ -11,6 +12,8 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 # The script pip installed beside this interpreter (a venv), else the one on PATH.
 _SIBLING = Path(sys.executable).parent / "vllm-triage"
@@ -44,3 +47,25 @@ def stderr_lines(proc: subprocess.Popen[str], deadline: float) -> Iterator[str]:
             if not line:
                 return
             yield line
+
+
+def spawn(cwd: Path, *args: str) -> subprocess.Popen[str]:
+    """The command in the background, its JSON log lines on a stderr pipe (stdout ignored)."""
+    return subprocess.Popen(
+        [str(COMMAND), *args],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_event(proc: subprocess.Popen[str], event: str, timeout: float) -> dict[str, object]:
+    """The child's first JSON log line of ``event``; the test fails (the child killed)
+    when none comes within ``timeout`` seconds."""
+    for line in stderr_lines(proc, time.monotonic() + timeout):
+        if f'"event": "{event}"' in line:
+            found: dict[str, object] = json.loads(line)
+            return found
+    proc.kill()
+    pytest.fail(f"no {event} within {timeout} s (exit {proc.wait(5)})")

@@ -33,7 +33,7 @@ from vllm_triage.state import TargetState
 TESTS = Path(__file__).resolve().parents[1]
 GOLDEN = TESTS / "golden" / "metrics.prom"
 RECORDINGS = TESTS / "fixtures" / "recordings"
-CONFIG = TESTS / "realvllm" / "triage-cpu.yaml"
+CONFIG = TESTS / "system" / "realvllm" / "triage-cpu.yaml"
 #: (target name, recording, its hardware and model): one target with a ceiling.
 TARGETS = (
     ("kv", "kv", None),
@@ -42,7 +42,7 @@ TARGETS = (
         "decode",
         {
             "hardware": {"memory_bandwidth_gb_s": 90, "compute_tflops": 4},
-            # tests/realvllm/make_model.py: 4 layers x 2 KV heads x 64 dims x 2 x 4 bytes
+            # tests/system/realvllm/make_model.py: 4 layers x 2 KV heads x 64 dims x 2 x 4 bytes
             "model": {"parameters_billion": 0.03, "dtype": "float32", "kv_bytes_per_token": 4096},
         },
     ),

@@ -7,7 +7,7 @@ text (indented under ``spec:``) so that their comments and block scalars stay re
 
     python tests/support/k8s_rules.py      # rewrite deploy/kubernetes/prometheusrule.yaml
 
-``tests/test_kubernetes.py`` checks that the committed file is what this script writes.
+``tests/deploy/test_kubernetes.py`` checks that the committed file is what this script writes.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ before (``healthy``: none).
     python tests/support/rule_tests.py      # rewrite rules/prometheus/tests/*.yaml
 
 The files are committed so that users can run ``promtool test rules`` on them;
-``tests/test_prometheus_rules.py`` checks that they are what this script writes.
+``tests/deploy/test_prometheus_rules.py`` checks that they are what this script writes.
 """
 
 from __future__ import annotations
