@@ -17,7 +17,7 @@ import pytest
 
 from support.captures import SEED_CEILINGS
 from support.clirun import COMMAND, vllm_triage
-from support.localserver import serving
+from support.localserver import replies, serving
 from support.paths import CONFIGS, ROOT, SCENARIO_FIXTURES
 
 CARD_SWAP = SCENARIO_FIXTURES / "tour-card-swap.yaml"
@@ -245,7 +245,8 @@ class TestRecord:
     def test_record_a_local_server(self, tmp_path: Path) -> None:
         """`record` saves scrapes of a server on 127.0.0.1 and stops after --duration."""
         body = b'vllm:num_requests_running{model_name="m"} 1.0\n'
-        with serving([(200, body)]) as (url, seen):
+        with serving(replies((200, body))) as srv:
+            url = srv.url("/metrics")
             result = vllm_triage(
                 "record",
                 url,
@@ -260,13 +261,13 @@ class TestRecord:
             )
         files = sorted((tmp_path / "rec").glob("*.prom"))
         assert result.returncode == 0, result.stderr
-        assert 3 <= len(files) <= 6 and len(seen) == len(files)
+        assert 3 <= len(files) <= 6 and len(srv.requests) == len(files)
         assert files[0].read_bytes() == body
 
     def test_record_dead_target_exits_1(self, tmp_path: Path) -> None:
         """Recording a target that never answers writes nothing, logs why, and exits 1."""
-        with serving([(200, b"")]) as (url, _):
-            pass
+        with serving(replies((200, b""))) as srv:
+            url = srv.url("/metrics")
         result = vllm_triage(
             "record",
             url,
@@ -285,7 +286,8 @@ class TestRecord:
     def test_record_a_page_without_vllm_metrics_exits_1_with_a_hint(self, tmp_path: Path) -> None:
         """Pointed at a health check: the bodies are kept (the raw truth) but the command
         says none is vLLM's metrics, where they are, and exits 1."""
-        with serving([(200, b"ok")]) as (url, _):
+        with serving(replies((200, b"ok"))) as srv:
+            url = srv.url("/metrics")
             healthz = url.replace("/metrics", "/healthz")
             result = vllm_triage(
                 "record", healthz, "--out", "rec", "--interval", "0.2", "--duration", "0.5",

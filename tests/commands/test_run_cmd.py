@@ -23,9 +23,10 @@ from vllm_triage.commands.check import check
 from vllm_triage.simulator import get_scenario
 
 from support.clirun import COMMAND, vllm_triage, wait_for_event
-from support.harness import Receiver, free_port, metrics_url, refused_port, simulated, wait_for
-from support.localserver import serving
+from support.harness import free_port, metrics_url, refused_port, simulated, wait_for
+from support.localserver import replies, serving
 from support.paths import BUNDLED_SCENARIOS
+from support.receiver import Receiver
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -251,7 +252,8 @@ class TestCheck:
 
     def test_the_base_url_says_add_metrics(self, tmp_path: Path) -> None:
         """`check http://host:8000` (vLLM answers 404 there): the hint names /metrics."""
-        with serving([(404, b'{"detail":"Not Found"}')]) as (url, _):
+        with serving(replies((404, b'{"detail":"Not Found"}'))) as srv:
+            url = srv.url("/metrics")
             base = url.removesuffix("/metrics")
             result = vllm_triage("check", base, cwd=tmp_path, timeout=30)
         assert result.returncode == 3
@@ -260,7 +262,8 @@ class TestCheck:
         )
 
     def test_a_health_check_page_is_not_a_metrics_page(self, tmp_path: Path) -> None:
-        with serving([(200, b"ok")]) as (url, _):
+        with serving(replies((200, b"ok"))) as srv:
+            url = srv.url("/metrics")
             healthz = url.replace("/metrics", "/healthz")
             result = vllm_triage("check", healthz, cwd=tmp_path, timeout=30)
         assert result.returncode == 3
@@ -270,7 +273,8 @@ class TestCheck:
     def test_each_distinct_error_once_with_its_count(self) -> None:
         """A server that fails every scrape after a good first one: one line, counted."""
         body = b'vllm:num_requests_running{model_name="m"} 1.0\n'
-        with serving([(200, body), (500, b"oops")]) as (url, _):
+        with serving(replies((200, body), (500, b"oops"))) as srv:
+            url = srv.url("/metrics")
             result = check(url, window=0.3, scrapes=4, timeout=5, config=None)
         assert result["verdict"] == "cannot_tell"
         assert result["errors"] == [{"error": f"HTTP 500 from {url}", "times": 3}]

@@ -1,8 +1,8 @@
 """Tests for daemon/notify/delivery.py against a real HTTP receiver on 127.0.0.1.
 
-``Receiver`` is a small threaded HTTP server that records every request (path, headers,
-body, when) and answers from a plan: a status (with headers), or a hang. It can be
-started late, on a port chosen in advance, to play a receiver that is down for a while.
+``Receiver`` (support/receiver.py) records every request (path, headers, body, when) and
+answers from a plan: a status (with headers), or a hang. It can be made before it serves,
+its port held, to play a receiver that is down for a while.
 Every test runs its own event loop with ``asyncio.run`` and keeps to a few seconds.
 """
 
@@ -11,14 +11,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import hashlib
-import hmac
-import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -31,115 +26,18 @@ from vllm_triage.notify.delivery import Delivery, signature
 from vllm_triage.notify.receivers import build_receiver
 from vllm_triage.store import Notification
 
-#: How long a "hang" answer holds the request (released early when the receiver stops).
-HANG_S = 5.0
+from support.harness import refused_port
+from support.receiver import Receiver, Reply
+
 EXTERNAL = "http://triage.example:9468"
-
-
-@dataclass(frozen=True)
-class Reply:
-    status: int = 200
-    headers: dict[str, str] = field(default_factory=dict)
-    hang: bool = False
-
-
-@dataclass(frozen=True)
-class Seen:
-    path: str
-    headers: dict[str, str]
-    body: bytes
-    at: float  # time.monotonic() when the request arrived
-
-
 OK = Reply()
 HANG = Reply(hang=True)
 
 
-class Receiver:
-    """An HTTP receiver on 127.0.0.1 answering ``plan`` in turn (the last one repeats)."""
-
-    def __init__(self, plan: list[Reply] | None = None, port: int = 0) -> None:
-        self.plan = plan or [OK]
-        self.port = port
-        self.seen: list[Seen] = []
-        self.signature_ok: list[bool] = []
-        self.hmac_secret: bytes | None = None
-        self._lock = threading.Lock()
-        self._release = threading.Event()
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
-
-    def url(self, path: str = "/hook") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    @property
-    def bodies(self) -> list[bytes]:
-        with self._lock:
-            return [s.body for s in self.seen]
-
-    def start(self) -> Receiver:
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with receiver._lock:
-                    reply = receiver.plan[min(len(receiver.seen), len(receiver.plan) - 1)]
-                    receiver.seen.append(
-                        Seen(self.path, dict(self.headers.items()), body, time.monotonic())
-                    )
-                    if receiver.hmac_secret is not None:
-                        sent = self.headers.get("X-Vllm-Triage-Signature", "")
-                        want = (
-                            "sha256="
-                            + hmac.new(receiver.hmac_secret, body, hashlib.sha256).hexdigest()
-                        )
-                        receiver.signature_ok.append(hmac.compare_digest(sent, want))
-                if reply.hang:
-                    receiver._release.wait(HANG_S)
-                    return
-                self.send_response(reply.status)
-                for name, value in reply.headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._release.set()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-
 @contextlib.contextmanager
 def receiving(plan: list[Reply] | None = None) -> Iterator[Receiver]:
-    r = Receiver(plan).start()
-    try:
+    with Receiver(plan, http11=True) as r:
         yield r
-    finally:
-        r.stop()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def receiver_settings(url: str, **kw: Any) -> ReceiverSettings:
@@ -194,8 +92,8 @@ class TestInOrder:
     def test_delivers_every_notification_in_order(self) -> None:
         items = notes(5)
         with receiving() as r:
-            d = asyncio.run(drain(receiver_settings(r.url()), items))
-        assert r.bodies == [n.body for n in items]
+            d = asyncio.run(drain(receiver_settings(r.url), items))
+        assert r.raw_bodies() == [n.body for n in items]
         assert [s.path for s in r.seen] == ["/hook"] * 5
         assert d.stats.sent == 5
         assert (d.stats.retried, d.stats.failed, d.stats.dropped) == (0, 0, 0)
@@ -206,13 +104,13 @@ class TestInOrder:
         """The first notification fails once; the second waits for it."""
         items = notes(3)
         with receiving([Reply(500), OK]) as r:
-            d = asyncio.run(drain(receiver_settings(r.url()), items))
-        assert r.bodies == [items[0].body, items[0].body, items[1].body, items[2].body]
+            d = asyncio.run(drain(receiver_settings(r.url), items))
+        assert r.raw_bodies() == [items[0].body, items[0].body, items[1].body, items[2].body]
         assert d.stats.sent == 3
 
     def test_headers(self) -> None:
         with receiving() as r:
-            asyncio.run(drain(receiver_settings(r.url()), notes(1)))
+            asyncio.run(drain(receiver_settings(r.url), notes(1)))
         headers = {k.lower(): v for k, v in r.seen[0].headers.items()}
         assert headers["content-type"] == "application/json"
         assert headers["user-agent"].startswith("vllm-triage/")
@@ -225,7 +123,7 @@ class TestInOrder:
     def test_alertmanager_posts_to_the_alerts_api(self, given: str) -> None:
         """An ``alertmanager`` receiver takes the base URL (or the full API path)."""
         with receiving() as r:
-            settings = receiver_settings(r.url(given), type="alertmanager")
+            settings = receiver_settings(r.server.url(given), type="alertmanager")
             item = Notification(b"[]", "push", path="/api/v2/alerts")
             asyncio.run(drain(settings, [item]))
         assert [s.path for s in r.seen] == ["/api/v2/alerts"]
@@ -234,7 +132,7 @@ class TestInOrder:
 class TestRetries:
     def test_500_then_200_is_retried(self) -> None:
         with receiving([Reply(500), OK]) as r:
-            d = asyncio.run(drain(receiver_settings(r.url()), notes(1)))
+            d = asyncio.run(drain(receiver_settings(r.url), notes(1)))
         assert len(r.seen) == 2
         assert d.stats.sent == 1
         assert d.stats.retried >= 1
@@ -244,7 +142,7 @@ class TestRetries:
     @pytest.mark.parametrize("status", [408, 429, 502, 503, 504])
     def test_other_passing_failures_are_retried(self, status: int) -> None:
         with receiving([Reply(status), OK]) as r:
-            d = asyncio.run(drain(receiver_settings(r.url()), notes(1), setup=no_jitter))
+            d = asyncio.run(drain(receiver_settings(r.url), notes(1), setup=no_jitter))
         assert len(r.seen) == 2
         assert (d.stats.sent, d.stats.retried, d.stats.failed) == (1, 1, 0)
 
@@ -254,9 +152,9 @@ class TestRetries:
         items = notes(2)
         started = time.monotonic()
         with receiving([Reply(status), OK]) as r, capture_logs() as logs:
-            d = asyncio.run(drain(receiver_settings(r.url()), items))
+            d = asyncio.run(drain(receiver_settings(r.url), items))
         assert time.monotonic() - started < 1.0
-        assert r.bodies == [items[0].body, items[1].body]
+        assert r.raw_bodies() == [items[0].body, items[1].body]
         assert (d.stats.failed, d.stats.retried, d.stats.sent) == (1, 0, 1)
         assert d.stats.last_error.startswith(f"HTTP {status}")
         failed = [e for e in logs if e["event"] == "notification_failed"]
@@ -264,18 +162,17 @@ class TestRetries:
 
     def test_receiver_down_then_up_on_the_same_port(self) -> None:
         """Connection refused is retried until the receiver starts; then it is delivered."""
-        port = free_port()
-        late = Receiver(port=port)
+        late = Receiver(http11=True)  # its port held, refusing connections
         starter = threading.Timer(0.4, late.start)
         started = time.monotonic()
         starter.start()
         try:
-            d = asyncio.run(drain(receiver_settings(f"http://127.0.0.1:{port}/hook"), notes(2)))
+            d = asyncio.run(drain(receiver_settings(late.url), notes(2)))
         finally:
             starter.cancel()
-            late.stop()
+            late.server.close()
         assert time.monotonic() - started >= 0.4
-        assert late.bodies == [n.body for n in notes(2)]
+        assert late.raw_bodies() == [n.body for n in notes(2)]
         assert d.stats.sent == 2
         assert d.stats.retried >= 1
         assert d.stats.failed == 0
@@ -284,7 +181,7 @@ class TestRetries:
     def test_gives_up_after_retry_for_seconds(self) -> None:
         """A receiver that keeps failing: retried for retry_for_seconds, then failed."""
         with receiving([Reply(503)]) as r, capture_logs() as logs:
-            settings = receiver_settings(r.url(), retry_for_seconds=0.3, retry_max_seconds=0.1)
+            settings = receiver_settings(r.url, retry_for_seconds=0.3, retry_max_seconds=0.1)
             started = time.monotonic()
             d = asyncio.run(drain(settings, notes(1)))
             took = time.monotonic() - started
@@ -299,7 +196,7 @@ class TestRetries:
     def test_timeout_is_retried(self) -> None:
         """A receiver that does not answer within timeout_seconds is tried again."""
         with receiving([HANG, OK]) as r:
-            d = asyncio.run(drain(receiver_settings(r.url(), timeout_seconds=0.2), notes(1)))
+            d = asyncio.run(drain(receiver_settings(r.url, timeout_seconds=0.2), notes(1)))
         assert len(r.seen) == 2
         assert (d.stats.sent, d.stats.retried) == (1, 1)
         assert "timed out" in d.stats.last_error
@@ -307,7 +204,7 @@ class TestRetries:
     def test_retry_after_is_honoured(self) -> None:
         """429 with Retry-After: 0.3: the next attempt comes no sooner than 0.3 s later."""
         with receiving([Reply(429, {"Retry-After": "0.3"}), OK]) as r:
-            settings = receiver_settings(r.url(), retry_max_seconds=1.0)
+            settings = receiver_settings(r.url, retry_max_seconds=1.0)
             d = asyncio.run(drain(settings, notes(1), setup=no_jitter))
         assert len(r.seen) == 2
         assert r.seen[1].at - r.seen[0].at >= 0.3
@@ -316,15 +213,14 @@ class TestRetries:
     def test_without_retry_after_the_backoff_is_shorter(self) -> None:
         """The control for the test above: the same setup without the header retries fast."""
         with receiving([Reply(429), OK]) as r:
-            settings = receiver_settings(r.url(), retry_max_seconds=1.0)
+            settings = receiver_settings(r.url, retry_max_seconds=1.0)
             asyncio.run(drain(settings, notes(1), setup=no_jitter))
         assert len(r.seen) == 2
         assert r.seen[1].at - r.seen[0].at < 0.3
 
     def test_errors_never_show_the_url(self) -> None:
         """The receiver URL may hold a token (Slack's does): not in errors nor logs."""
-        port = free_port()
-        url = f"http://127.0.0.1:{port}/services/T0/B0/s3cr3t-t0k3n"
+        url = f"http://127.0.0.1:{refused_port()}/services/T0/B0/s3cr3t-t0k3n"
         settings = receiver_settings(url, retry_for_seconds=0.2, retry_max_seconds=0.05)
         with capture_logs() as logs:
             d = asyncio.run(drain(settings, notes(1)))
@@ -341,7 +237,7 @@ class TestAuth:
         items = notes(3)
         with receiving() as r:
             r.hmac_secret = secret
-            settings = receiver_settings(r.url(), hmac_secret=secret.decode())
+            settings = receiver_settings(r.url, hmac_secret=secret.decode())
             asyncio.run(drain(settings, items))
         assert r.signature_ok == [True, True, True]
         for seen, n in zip(r.seen, items, strict=True):
@@ -351,19 +247,19 @@ class TestAuth:
     def test_hmac_with_the_wrong_secret_does_not_verify(self) -> None:
         with receiving() as r:
             r.hmac_secret = b"the-receivers-secret"
-            asyncio.run(drain(receiver_settings(r.url(), hmac_secret="another"), notes(1)))
+            asyncio.run(drain(receiver_settings(r.url, hmac_secret="another"), notes(1)))
         assert r.signature_ok == [False]
 
     def test_hmac_header_name(self) -> None:
         with receiving() as r:
-            settings = receiver_settings(r.url(), hmac_secret="k", hmac_header="X-Signature")
+            settings = receiver_settings(r.url, hmac_secret="k", hmac_header="X-Signature")
             asyncio.run(drain(settings, notes(1)))
         assert r.seen[0].headers["X-Signature"] == signature(b"k", r.seen[0].body)
 
     def test_bearer_token_and_headers(self) -> None:
         with receiving() as r:
             settings = receiver_settings(
-                r.url(), bearer_token="tok-123", headers={"X-Api-Key": "key-456"}
+                r.url, bearer_token="tok-123", headers={"X-Api-Key": "key-456"}
             )
             asyncio.run(drain(settings, notes(1)))
         assert r.seen[0].headers["Authorization"] == "Bearer tok-123"
@@ -372,7 +268,7 @@ class TestAuth:
     def test_basic_auth(self) -> None:
         with receiving() as r:
             settings = receiver_settings(
-                r.url(), basic_auth={"username": "alice", "password": "pa:ss"}
+                r.url, basic_auth={"username": "alice", "password": "pa:ss"}
             )
             asyncio.run(drain(settings, notes(1)))
         scheme, _, encoded = r.seen[0].headers["Authorization"].partition(" ")
@@ -385,9 +281,9 @@ class TestQueue:
         """queue_size 2, five submitted before the worker runs: three dropped, counted."""
         items = notes(5)
         with receiving() as r, capture_logs() as logs:
-            d = asyncio.run(drain(receiver_settings(r.url(), queue_size=2), items))
+            d = asyncio.run(drain(receiver_settings(r.url, queue_size=2), items))
         assert d.stats.dropped == 3
-        assert r.bodies == [items[3].body, items[4].body]
+        assert r.raw_bodies() == [items[3].body, items[4].body]
         assert d.stats.sent == 2
         dropped = [e["what"] for e in logs if e["event"] == "notification_dropped"]
         assert dropped == ["note 0", "note 1", "note 2"]
@@ -430,7 +326,7 @@ class TestQueue:
         async def go(r: Receiver) -> tuple[int, Delivery]:
             async with httpx.AsyncClient(trust_env=False) as client:
                 d = Delivery(
-                    build_receiver("test", receiver_settings(r.url(), timeout_seconds=5), EXTERNAL),
+                    build_receiver("test", receiver_settings(r.url, timeout_seconds=5), EXTERNAL),
                     client,
                 )
                 for n in notes(3):

@@ -12,10 +12,8 @@ import dataclasses
 import functools
 import json
 import math
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -44,6 +42,7 @@ from vllm_triage.fleet.source import PrometheusSource, shard_of
 from vllm_triage.simulator import get_scenario, record
 from vllm_triage.store import StateStore
 
+from support.localserver import Exchange, serving
 from support.paths import CONFIGS
 
 STEP = 5.0
@@ -190,50 +189,28 @@ class Fake:
 
 @contextmanager
 def query_api(fake: Fake) -> Iterator[str]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            """The label values API: which names the fleet exposes."""
-            fake.seen.append({"names": self.path})
-            found = fake.names_api and self.path.startswith("/api/v1/label/__name__/values")
+    def handle(x: Exchange) -> None:
+        if x.request.method == "GET":
+            # The label values API: which names the fleet exposes.
+            fake.seen.append({"names": x.request.path})
+            found = fake.names_api and x.request.path.startswith("/api/v1/label/__name__/values")
             doc = {"status": "success", "data": sorted(fake.names())}
-            body = json.dumps(doc).encode() if found else b"404 page not found"
-            self.send_response(200 if found else 404)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            x.reply(
+                200 if found else 404, json.dumps(doc).encode() if found else b"404 page not found"
+            )
+            return
+        form = {k: v[0] for k, v in parse_qs(x.request.body.decode()).items()}
+        fake.seen.append(form)
+        if fake.raw is not None or fake.status != 200:
+            body = fake.raw or b'{"status":"error","error":"boom"}'
+        else:
+            result = fake.answer(form["query"], float(form["time"]))
+            doc = {"status": "success", "data": {"resultType": "vector", "result": result}}
+            body = json.dumps(doc).encode()
+        x.reply(fake.status, body, content_type="application/json")
 
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length", "0"))
-            form = {k: v[0] for k, v in parse_qs(self.rfile.read(length).decode()).items()}
-            fake.seen.append(form)
-            if fake.raw is not None or fake.status != 200:
-                body = fake.raw or b'{"status":"error","error":"boom"}'
-            else:
-                result = fake.answer(form["query"], float(form["time"]))
-                doc = {"status": "success", "data": {"resultType": "vector", "result": result}}
-                body = json.dumps(doc).encode()
-            self.send_response(fake.status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler, bind_and_activate=False)
-    server.request_queue_size = 64  # the fleet sends a tick's queries at once
-    server.daemon_threads = True
-    server.server_bind()
-    server.server_activate()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(handle) as server:
+        yield server.url()
 
 
 def fleet_settings(url: str, **extra: Any) -> Settings:

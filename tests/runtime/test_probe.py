@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
@@ -22,6 +20,7 @@ from vllm_triage.scrape.probe import Prober, completions_url
 
 from support.captures import fixture_text
 from support.harness import refused_port, running_daemon, wait_for
+from support.localserver import Exchange, serving
 
 
 @dataclass
@@ -38,42 +37,18 @@ class Api:
 @contextmanager
 def api(answer: Api) -> Iterator[str]:
     """A fake vLLM on 127.0.0.1; yields its base URL."""
-    release = threading.Event()
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            answer.requests.append((dict(self.headers), json.loads(raw)))
-            if answer.delay:
-                release.wait(answer.delay)  # a hung engine: the answer never comes
-            self._send(answer.status, answer.body)
+    def handle(x: Exchange) -> None:
+        if x.request.method != "POST":
+            x.reply(200, answer.metrics)
+            return
+        answer.requests.append((x.request.headers, json.loads(x.request.body)))
+        if answer.delay:
+            x.hang(answer.delay)  # a hung engine: the answer never comes
+        x.reply(answer.status, answer.body)
 
-        def do_GET(self) -> None:
-            self._send(200, answer.metrics)
-
-        def _send(self, status: int, body: bytes) -> None:
-            try:
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-            except OSError:
-                pass  # the client gave up first
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(handle) as server:
+        yield server.url()
 
 
 def target(base: str, **probe: Any) -> TargetSettings:

@@ -39,7 +39,7 @@ from vllm_triage.store import (
     default_state_dir,
 )
 
-from support.harness import Receiver
+from support.receiver import Receiver
 
 EXTERNAL = "http://triage.example:9468"
 T0 = 1_800_000_000.0

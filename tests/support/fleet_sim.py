@@ -10,11 +10,12 @@ and ``namespace``, ``pod``, ``container`` of the pod the GPU is assigned to.
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from support import localserver
+from support.localserver import METRICS_TYPE, Exchange
 
 
 @dataclass(frozen=True)
@@ -74,27 +75,8 @@ def relabel(body: str, labels: str, keep: Callable[[str], bool] = lambda name: T
 def serving(body: Callable[[str], bytes]) -> Iterator[str]:
     """An HTTP server on 127.0.0.1 answering GET <path> with ``body(path)``; its URL."""
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def handle(x: Exchange) -> None:
+        x.reply(200, body(x.request.path), content_type=METRICS_TYPE)
 
-        def do_GET(self) -> None:
-            data = body(self.path)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with localserver.serving(handle, http11=True) as server:
+        yield server.url()

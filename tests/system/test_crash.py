@@ -26,8 +26,9 @@ import httpx
 import pytest
 
 from support.clirun import COMMAND
-from support.harness import Receiver, free_port, wait_for
+from support.harness import free_port, wait_for
 from support.paths import SCENARIO_FIXTURES
+from support.receiver import Receiver
 
 SCENARIO = SCENARIO_FIXTURES / "queue_then_healthy.yaml"
 SPEED = 20.0

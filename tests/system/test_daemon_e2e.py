@@ -17,8 +17,9 @@ from vllm_triage.config.load import load_settings
 from vllm_triage.demo.live import demo_settings, scaled_clock
 from vllm_triage.simulator import get_scenario
 
-from support.harness import Receiver, metrics_url, running_daemon, simulated, wait_for
+from support.harness import metrics_url, running_daemon, simulated, wait_for
 from support.paths import ALERTMANAGER
+from support.receiver import Receiver
 
 CAUSES = ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure")
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -25,7 +25,6 @@ from vllm_triage.simulator import Phase, Scenario, get_scenario, record
 
 from support.harness import (
     Answer,
-    Receiver,
     metrics_url,
     refused_port,
     running_daemon,
@@ -33,6 +32,7 @@ from support.harness import (
     target,
     wait_for,
 )
+from support.receiver import Receiver
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -21,12 +21,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllm_triage.simulator import get_scenario, record
 
 from support.harness import free_port, refused_port, simulated
+from support.localserver import Exchange, Handler, LocalServer, serving
 
 #: What every hostile probe must leave: /healthz within a second, under 300 MB.
 HEALTHZ_S = 1.0
@@ -183,73 +182,16 @@ def run_daemon(
 # -- hostile servers on 127.0.0.1 ------------------------------------------------------------
 
 
-@dataclass
-class Seen:
-    method: str
-    path: str
-    headers: dict[str, str]
-
-
-@dataclass
-class Server:
-    url: str
-    seen: list[Seen] = field(default_factory=list)
-    pushed: list[int] = field(default_factory=lambda: [0])
-
-
-@contextlib.contextmanager
-def serving(answer: Callable[[BaseHTTPRequestHandler, Server], None]) -> Iterator[Server]:
-    """An HTTP server on 127.0.0.1 whose every request is ``answer(handler, server)``."""
-    server = Server("")
-
-    class Handler(BaseHTTPRequestHandler):
-        def _any(self) -> None:
-            server.seen.append(Seen(self.command, self.path, dict(self.headers)))
-            length = int(self.headers.get("Content-Length") or 0)
-            if length:
-                self.rfile.read(length)
-            with contextlib.suppress(OSError):
-                answer(self, server)
-
-        def do_GET(self) -> None:
-            self._any()
-
-        def do_POST(self) -> None:
-            self._any()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    server.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
-def body(data: bytes, *, status: int = 200, **headers: str) -> Callable[..., None]:
-    def answer(h: BaseHTTPRequestHandler, _: Server) -> None:
-        h.send_response(status)
-        for k, v in headers.items():
-            h.send_header(k.replace("_", "-"), v)
-        h.send_header("Content-Length", str(len(data)))
-        h.end_headers()
-        h.wfile.write(data)
+def body(data: bytes, *, status: int = 200, **headers: str) -> Handler:
+    def answer(x: Exchange) -> None:
+        x.reply(status, data, {k.replace("_", "-"): v for k, v in headers.items()})
 
     return answer
 
 
-def redirect(location: str, status: int = 302) -> Callable[..., None]:
-    def answer(h: BaseHTTPRequestHandler, _: Server) -> None:
-        h.send_response(status)
-        h.send_header("Location", location)
-        h.send_header("Content-Length", "0")
-        h.end_headers()
+def redirect(location: str, status: int = 302) -> Handler:
+    def answer(x: Exchange) -> None:
+        x.reply(status, b"", {"Location": location})
 
     return answer
 
@@ -275,7 +217,7 @@ def test_a_40000_digit_value_costs_milliseconds_and_never_freezes_healthz(
         serving(body(GOOD + line)) as srv,
         run_daemon(
             tmp_path,
-            {"interval_seconds": 0.5, "targets": [target("digits", srv.url + "/metrics")]},
+            {"interval_seconds": 0.5, "targets": [target("digits", srv.url("/metrics"))]},
         ) as d,
     ):
         latencies = d.watch(5.0)
@@ -318,8 +260,8 @@ def test_gzip_bombs_inflate_only_up_to_the_body_limit(tmp_path: Path) -> None:
                 "interval_seconds": 1.0,
                 "scrape_timeout_seconds": 5.0,
                 "targets": [
-                    target("stacked", two.url + "/metrics"),
-                    target("single", one.url + "/metrics"),
+                    target("stacked", two.url("/metrics")),
+                    target("single", one.url("/metrics")),
                 ],
             },
         ) as d,
@@ -342,22 +284,26 @@ def test_gzip_bombs_inflate_only_up_to_the_body_limit(tmp_path: Path) -> None:
 # -- 3. and 5. receivers: an endless answer, a redirect --------------------------------------
 
 
-def endless(h: BaseHTTPRequestHandler, server: Server) -> None:
-    """200, then bytes without end (until the client hangs up, or 4 GB)."""
-    h.send_response(200)
-    h.send_header("Content-Type", "application/json")
-    h.end_headers()
-    chunk = b"x" * 65536
-    while server.pushed[0] < 4 * 2**30:
-        h.wfile.write(chunk)
-        server.pushed[0] += len(chunk)
+class Endless:
+    """200, then bytes without end (until the client hangs up, or 4 GB); ``pushed``
+    counts what got out."""
+
+    def __init__(self) -> None:
+        self.pushed = 0
+
+    def __call__(self, x: Exchange) -> None:
+        x.begin(200, {"Content-Type": "application/json"})
+        chunk = b"x" * 65536
+        while self.pushed < 4 * 2**30:
+            x.write(chunk)
+            self.pushed += len(chunk)
 
 
 @dataclass
 class ReceiverRun:
-    endless: Server
-    moved: Server
-    elsewhere: Server
+    endless: Endless
+    moved: LocalServer
+    elsewhere: LocalServer
     sent: float
     failed_moved: float
     peak_mb: float
@@ -374,9 +320,9 @@ def receiver_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReceiverR
     with (
         simulated(get_scenario("kv_pressure"), speed=10.0) as sim,
         serving(body(b"")) as elsewhere,
-        serving(endless) as endless_rx,
+        serving(endless := Endless()) as endless_rx,
     ):
-        new = f"{elsewhere.url}/new-hook"
+        new = f"{elsewhere.url()}/new-hook"
         with (
             serving(redirect(new, 301)) as moved,
             run_daemon(
@@ -388,13 +334,13 @@ def receiver_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReceiverR
                         {
                             "type": "alertmanager_webhook",
                             "name": "endless",
-                            "url": endless_rx.url + "/hook",
+                            "url": endless_rx.url("/hook"),
                             "timeout_seconds": 5,
                         },
                         {
                             "type": "alertmanager_webhook",
                             "name": "moved",
-                            "url": moved.url + f"/hooks/{SECRET}-path-token",
+                            "url": moved.url(f"/hooks/{SECRET}-path-token"),
                             "headers": secret_headers,
                             "hmac_secret": f"{SECRET}-hmac",
                             "retry_initial_seconds": 0.1,
@@ -412,7 +358,7 @@ def receiver_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReceiverR
             )
             latencies = d.watch(2.0)
             yield ReceiverRun(
-                endless=endless_rx,
+                endless=endless,
                 moved=moved,
                 elsewhere=elsewhere,
                 sent=d.value("vllm_triage_notifications_sent_total", receiver="endless"),
@@ -428,7 +374,7 @@ def test_an_endless_receiver_answer_is_read_64_kib_at_most(receiver_run: Receive
     10 s timeout is per read, and the stream never pauses). Now: the status counts, at
     most 64 KiB of the answer is read, the attempt is bounded by ``timeout_seconds``."""
     r = receiver_run
-    figure("endless", peak_rss_mb=r.peak_mb, sent=r.sent, pushed_mb=r.endless.pushed[0] / 2**20)
+    figure("endless", peak_rss_mb=r.peak_mb, sent=r.sent, pushed_mb=r.endless.pushed / 2**20)
     assert r.sent >= 1, "the delivery to the endless receiver never completed"
     assert r.peak_mb < 150, f"peak RSS {r.peak_mb:.0f} MB"
     assert max(r.latencies) < HEALTHZ_S
@@ -443,14 +389,14 @@ def test_a_receiver_redirect_is_a_failed_delivery_that_names_the_fix(
     headers, counted as sent. Now: not followed, not retried, failed, and the log line
     says where it points (without the configured URL's secret path)."""
     r = receiver_run
-    figure("receiver-301", followed=len(r.elsewhere.seen), tries=len(r.moved.seen))
-    assert r.elsewhere.seen == [], "the redirect was followed"
+    figure("receiver-301", followed=len(r.elsewhere.requests), tries=len(r.moved.requests))
+    assert r.elsewhere.requests == [], "the redirect was followed"
     assert r.failed_moved >= 1
-    assert len(r.moved.seen) == 1, "a redirect was retried"
+    assert len(r.moved.requests) == 1, "a redirect was retried"
     [failed] = [
         e for e in r.logs if e.get("event") == "notification_failed" and e["receiver"] == "moved"
     ]
-    assert f"{r.elsewhere.url}/new-hook" in failed["err"]
+    assert f"{r.elsewhere.url()}/new-hook" in failed["err"]
     assert "set this receiver's url" in failed["err"]
     assert SECRET not in json.dumps(r.logs)
 
@@ -465,24 +411,24 @@ def test_a_target_redirecting_elsewhere_gets_no_credentials_and_no_diagnosis(
     data was diagnosed as the target's. Now: a same-origin redirect (``/metrics`` to
     ``/metrics/``) is followed; another origin is a failed scrape, ``reason="redirect"``."""
 
-    def slash(h: BaseHTTPRequestHandler, server: Server) -> None:
-        if h.path == "/metrics":
-            redirect("/metrics/", 307)(h, server)
+    def slash(x: Exchange) -> None:
+        if x.request.path == "/metrics":
+            redirect("/metrics/", 307)(x)
         else:
-            body(GOOD)(h, server)
+            body(GOOD)(x)
 
     auth = {"headers": {"X-Api-Key": f"{SECRET}-target-header"}, "bearer_token": f"{SECRET}-b"}
     with (
         serving(body(GOOD)) as other,
-        serving(redirect(other.url + "/metrics")) as moved,
+        serving(redirect(other.url("/metrics"))) as moved,
         serving(slash) as same,
         run_daemon(
             tmp_path,
             {
                 "interval_seconds": 1.0,
                 "targets": [
-                    target("moved", moved.url + "/metrics", **auth),
-                    target("slash", same.url + "/metrics", **auth),
+                    target("moved", moved.url("/metrics"), **auth),
+                    target("slash", same.url("/metrics"), **auth),
                 ],
             },
         ) as d,
@@ -491,11 +437,11 @@ def test_a_target_redirecting_elsewhere_gets_no_credentials_and_no_diagnosis(
         up = d.value("vllm_triage_target_up", target="moved")
         slash_up = d.value("vllm_triage_target_up", target="slash")
         logs = d.logs()
-    figure("target-302", other_origin_asked=len(other.seen), up=up, same_origin_up=slash_up)
-    assert other.seen == [], "the other origin was asked, with the target's credentials"
+    figure("target-302", other_origin_asked=len(other.requests), up=up, same_origin_up=slash_up)
+    assert other.requests == [], "the other origin was asked, with the target's credentials"
     assert counted and up == 0
-    assert slash_up == 1 and any(s.path == "/metrics/" for s in same.seen)
-    assert all(s.headers.get("X-Api-Key") == f"{SECRET}-target-header" for s in same.seen)
+    assert slash_up == 1 and any(s.path == "/metrics/" for s in same.requests)
+    assert all(s.headers.get("X-Api-Key") == f"{SECRET}-target-header" for s in same.requests)
     failed = [
         e["err"]
         for e in logs
@@ -503,7 +449,7 @@ def test_a_target_redirecting_elsewhere_gets_no_credentials_and_no_diagnosis(
         and e["target"] == "moved"
         and e["reason"] == "redirect"
     ]
-    assert failed and other.url + "/metrics" in failed[0], failed
+    assert failed and other.url("/metrics") in failed[0], failed
 
 
 # -- 7. secrets in URLs and config text ------------------------------------------------------
@@ -605,9 +551,9 @@ def test_a_costly_target_never_takes_the_healthy_one_down(tmp_path: Path) -> Non
             {
                 "interval_seconds": 2.0,
                 "targets": [
-                    target("healthy", healthy.url + "/metrics"),
-                    target("costly", costly.url + "/metrics"),
-                    target("wide", wide.url + "/metrics"),
+                    target("healthy", healthy.url("/metrics")),
+                    target("costly", costly.url("/metrics")),
+                    target("wide", wide.url("/metrics")),
                 ],
             },
         ) as d,
@@ -801,9 +747,9 @@ def test_label_values_and_warnings_are_bounded(tmp_path: Path) -> None:
             {
                 "interval_seconds": 0.5,
                 "targets": [
-                    target("huge", t_huge.url + "/metrics"),
-                    target("long", t_two.url + "/metrics"),
-                    target("nan", t_nan.url + "/metrics"),
+                    target("huge", t_huge.url("/metrics")),
+                    target("long", t_two.url("/metrics")),
+                    target("nan", t_nan.url("/metrics")),
                 ],
             },
         ) as d,

@@ -33,7 +33,8 @@ from vllm_triage.fleet.source import PrometheusSource, shard_of
 from vllm_triage.simulator import get_scenario, record
 
 from support.fleet_sim import PodGpus, dcgm_exposition, relabel, serving
-from support.harness import Receiver, free_port, metrics_url, running_daemon, simulated, wait_for
+from support.harness import free_port, metrics_url, running_daemon, simulated, wait_for
+from support.receiver import Receiver
 
 pytestmark = pytest.mark.prometheus
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import structlog
@@ -23,6 +21,7 @@ from vllm_triage.config.load import load_settings
 from vllm_triage.simulator import get_scenario
 
 from support.harness import metrics_url, refused_port, running_daemon, simulated, wait_for
+from support.receiver import Receiver
 
 SECRETS = {
     "target_token": "S3CRET-target-bearer",
@@ -100,24 +99,8 @@ def test_a_receiver_verifies_the_hmac_signature() -> None:
     """A receiver that checks X-Vllm-Triage-Signature against the shared key accepts what
     the daemon sends (and would refuse anything else)."""
     key = b"shared-key"
-    verified: list[bool] = []
-
-    class Verifying(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers["Content-Length"]))
-            want = "sha256=" + hmac.new(key, body, hashlib.sha256).hexdigest()
-            ok = hmac.compare_digest(want, self.headers.get("X-Vllm-Triage-Signature", ""))
-            verified.append(ok)
-            self.send_response(200 if ok else 401)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Verifying)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with Receiver(hmac_secret=key, refuse_bad_signatures=True) as rx:
+        verified = rx.signature_ok
         with simulated(get_scenario("kv_pressure"), speed=10.0) as sim:
             settings = load_settings(
                 flags={
@@ -127,7 +110,7 @@ def test_a_receiver_verifies_the_hmac_signature() -> None:
                     "receivers": [
                         {
                             "type": "alertmanager_webhook",
-                            "url": f"http://127.0.0.1:{server.server_address[1]}/hook",
+                            "url": rx.url,
                             "hmac_secret": key.decode(),
                         }
                     ],
@@ -142,13 +125,7 @@ def test_a_receiver_verifies_the_hmac_signature() -> None:
         # The same receiver refuses a body signed with another key.
         forged = "sha256=" + hmac.new(b"wrong-key", b"{}", hashlib.sha256).hexdigest()
         refused = httpx.post(
-            f"http://127.0.0.1:{server.server_address[1]}/hook",
-            content=b"{}",
-            headers={"X-Vllm-Triage-Signature": forged},
-            timeout=5,
+            rx.url, content=b"{}", headers={"X-Vllm-Triage-Signature": forged}, timeout=5
         ).status_code
-    finally:
-        server.shutdown()
-        server.server_close()
     assert verified[0] is True and sent >= 1
     assert refused == 401 and verified[-1] is False
