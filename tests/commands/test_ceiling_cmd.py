@@ -1,4 +1,5 @@
-"""``vllm-triage ceiling`` end to end, through a test-local argparse entry point."""
+"""``vllm-triage ceiling`` end to end, through a test-local argparse entry point, and once
+as the installed command from another directory."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from vllm_triage.commands.ceiling import add_parser
 
 from support.captures import SEED_CEILINGS
+from support.clirun import vllm_triage
 from support.paths import CONFIGS
 
 LLAMA = CONFIGS / "llama-3.1-8b.json"
@@ -223,3 +225,34 @@ class TestErrors:
             parser().parse_args(["ceiling", "--parameters-billion", "8", *argv])
         assert exit_info.value.code == 2
         assert "error" in capsys.readouterr().err
+
+
+class TestTheInstalledCommand:
+    def test_seed_table_from_any_directory(self, tmp_path: Path) -> None:
+        """`ceiling --parameters-billion 8 --dtype float16` reproduces the seed's table."""
+        result = vllm_triage(
+            "ceiling",
+            "--parameters-billion",
+            "8",
+            "--dtype",
+            "float16",
+            "--format",
+            "json",
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stderr
+        rows = {row["gpu"]: row for row in json.loads(result.stdout)}
+        assert {
+            gpu: round(rows[gpu]["decode_ceiling_tokens_per_s"]) for gpu in SEED_CEILINGS
+        } == SEED_CEILINGS
+        assert all(
+            {"gpu", "memory_bandwidth_gb_s", "decode_ceiling_tokens_per_s"} <= r.keys()
+            for r in rows.values()
+        )
+
+    def test_config_json_adds_kv_bytes(self, tmp_path: Path) -> None:
+        """`ceiling --config-json` adds kv_bytes_per_token: 131072 for the 8B layout."""
+        cfg = CONFIGS / "llama-3.1-8b.json"
+        result = vllm_triage("ceiling", "--config-json", str(cfg), "--format", "json", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert {row["kv_bytes_per_token"] for row in json.loads(result.stdout)} == {131072}
