@@ -3,6 +3,7 @@ its exit codes and its words, against simulated servers on 127.0.0.1."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pty
@@ -12,36 +13,79 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
+from vllm_triage.cli import build_parser
+from vllm_triage.commands import check as check_command
 from vllm_triage.commands.check import check
 from vllm_triage.simulator import get_scenario
 
 from support.clirun import COMMAND, vllm_triage
-from support.harness import metrics_url, refused_port, simulated
+from support.clock import FakeClock
+from support.harness import metrics_url, refused_port, simulated, simulated_on
 from support.localserver import replies, serving
 from support.paths import BUNDLED_SCENARIOS
 
+#: What starting the installed command costs, on the fake clock: its first scrape comes
+#: this long after the server started.
+STARTUP_S = 1.0
+
+
+def check_in_process(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    clock: FakeClock,
+    *argv: str,
+) -> tuple[int, str]:
+    """``vllm-triage check ARGV`` as the installed command parses and prints it, in this
+    process, with ``clock`` for the check's clock and sleep: its window passes at once.
+    The exit code and stdout."""
+    monkeypatch.setattr(
+        check_command, "check", functools.partial(check, sleep=clock.sleep, clock=clock)
+    )
+    args = build_parser().parse_args(["check", *argv])
+    code: int = args.func(args)
+    return code, capsys.readouterr().out
+
 
 class TestCheck:
-    def test_an_incident_exits_1_with_its_cause(self, tmp_path: Path) -> None:
-        with simulated(get_scenario("queue_bound"), speed=10.0) as sim:
-            result = vllm_triage(
-                "check", metrics_url(sim), "--window", "6", "--format", "json", cwd=tmp_path
+    """What a check decides is tested on a fake clock (the check's and the simulated
+    server's: the window passes at once); ``test_progress_on_a_terminal`` runs the
+    installed command against a server in real time."""
+
+    def test_an_incident_exits_1_with_its_cause(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        clock = FakeClock()
+        with simulated_on(clock, get_scenario("queue_bound"), speed=10.0) as url:
+            clock.sleep(STARTUP_S)
+            code, out = check_in_process(
+                monkeypatch, capsys, clock, url, "--window", "6", "--format", "json"
             )
-        assert result.returncode == 1, result.stdout + result.stderr
-        report = json.loads(result.stdout)
+        assert code == 1, out
+        report = json.loads(out)
         assert report["verdict"] == "incident"
         assert report["models"][0]["cause"] == "queue_bound"
 
     def test_healthy_exits_0(self) -> None:
-        with simulated(get_scenario("healthy"), speed=10.0) as sim:
-            result = check(metrics_url(sim), window=6, scrapes=4, timeout=5, config=None)
+        clock = FakeClock()
+        with simulated_on(clock, get_scenario("healthy"), speed=10.0) as url:
+            clock.sleep(STARTUP_S)
+            result = check(
+                url, window=6, scrapes=4, timeout=5, config=None, sleep=clock.sleep, clock=clock
+            )
         assert result["verdict"] == "healthy", result
         assert result["models"][0]["cause"] is None
 
-    def test_a_hung_engine_exits_1_stalled(self, tmp_path: Path) -> None:
-        """The engine stops stepping 1 s (real) in and never resumes; /metrics answers,
-        frozen. The 2 s window sees no progress, so the check watches on until that has
-        lasted stall_after_seconds (3 s here), then says stalled: not "cannot tell"."""
+    def test_a_hung_engine_exits_1_stalled(
+        self,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """The engine stops stepping 1 s in and never resumes; /metrics answers, frozen.
+        The 2 s window sees no progress, so the check watches on until that has lasted
+        stall_after_seconds (3 s here), then says stalled: not "cannot tell"."""
         hung = tmp_path / "hung.yaml"
         hung.write_text(
             (BUNDLED_SCENARIOS / "stalled.yaml")
@@ -51,20 +95,19 @@ class TestCheck:
         )
         cfg = tmp_path / "t.yaml"
         cfg.write_text("thresholds: {stall_after_seconds: 3}\n")
-        with simulated(get_scenario(str(hung)), speed=10.0) as sim:
-            time.sleep(1.5)
-            started = time.monotonic()
-            result = vllm_triage(
-                "check", metrics_url(sim), "--window", "2", "--scrapes", "3",
-                "--config", str(cfg), cwd=tmp_path,
+        clock = FakeClock()
+        with simulated_on(clock, get_scenario(str(hung)), speed=10.0) as url:
+            clock.sleep(1.5)
+            started = clock()
+            code, out = check_in_process(
+                monkeypatch, capsys, clock,
+                url, "--window", "2", "--scrapes", "3", "--config", str(cfg),
             )  # fmt: skip
-            took = time.monotonic() - started
-        assert result.returncode == 1, result.stdout + result.stderr
-        assert "stalled (confidence" in result.stdout
-        assert re.search(
-            r"engine made no progress for \d+ s with \d+ requests running", result.stdout
-        )
-        assert "fix: Take a stack dump" in result.stdout
+            took = clock() - started
+        assert code == 1, out
+        assert "stalled (confidence" in out
+        assert re.search(r"engine made no progress for \d+ s with \d+ requests running", out)
+        assert "fix: Take a stack dump" in out
         assert took < 20
 
     def test_a_refused_port_cannot_tell_at_once_exit_3(self, tmp_path: Path) -> None:
@@ -107,9 +150,12 @@ class TestCheck:
     def test_each_distinct_error_once_with_its_count(self) -> None:
         """A server that fails every scrape after a good first one: one line, counted."""
         body = b'vllm:num_requests_running{model_name="m"} 1.0\n'
+        clock = FakeClock()
         with serving(replies((200, body), (500, b"oops"))) as srv:
             url = srv.url("/metrics")
-            result = check(url, window=0.3, scrapes=4, timeout=5, config=None)
+            result = check(
+                url, window=0.3, scrapes=4, timeout=5, config=None, sleep=clock.sleep, clock=clock
+            )
         assert result["verdict"] == "cannot_tell"
         assert result["errors"] == [{"error": f"HTTP 500 from {url}", "times": 3}]
 
@@ -145,15 +191,18 @@ class TestCheck:
         assert text.endswith("\r\x1b[K")  # cleared: the verdict on stdout stands alone
         assert "healthy" in proc.stdout
 
-    def test_an_incident_says_how_many_fixes_it_left_out(self, tmp_path: Path) -> None:
+    def test_an_incident_says_how_many_fixes_it_left_out(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
         """KV pressure has five fixes: three are shown, and the other two are said."""
-        with simulated(get_scenario("kv_pressure"), speed=20.0) as sim:
-            time.sleep(2)  # 40 simulated seconds: the pool is full
-            result = vllm_triage("check", metrics_url(sim), "--window", "4", cwd=tmp_path)
-        assert result.returncode == 1, result.stdout + result.stderr
-        assert "kv_pressure" in result.stdout
-        assert result.stdout.count("    fix: ") == 3
-        assert "    (2 more fixes: --format json)" in result.stdout
+        clock = FakeClock()
+        with simulated_on(clock, get_scenario("kv_pressure"), speed=20.0) as url:
+            clock.sleep(2)  # 40 simulated seconds: the pool is full
+            code, out = check_in_process(monkeypatch, capsys, clock, url, "--window", "4")
+        assert code == 1, out
+        assert "kv_pressure" in out
+        assert out.count("    fix: ") == 3
+        assert "    (2 more fixes: --format json)" in out
 
     def test_help_documents_the_exit_codes(self, tmp_path: Path) -> None:
         result = vllm_triage("check", "--help", cwd=tmp_path)

@@ -19,6 +19,7 @@ from vllm_triage.config.schema import ProbeSettings, TargetSettings
 from vllm_triage.scrape.probe import Prober, completions_url
 
 from support.captures import fixture_text
+from support.clock import FakeClock
 from support.harness import refused_port, running_daemon, wait_for
 from support.localserver import Exchange, serving
 
@@ -60,14 +61,6 @@ def target(base: str, **probe: Any) -> TargetSettings:
     )
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def probe_once(prober: Prober) -> None:
     async def main() -> None:
         async with httpx.AsyncClient() as client:
@@ -77,7 +70,7 @@ def probe_once(prober: Prober) -> None:
     asyncio.run(main())
 
 
-def prober(t: TargetSettings, clock: Clock, model: str | None = "tiny-llama") -> Prober:
+def prober(t: TargetSettings, clock: FakeClock, model: str | None = "tiny-llama") -> Prober:
     return Prober(
         t.name,
         t.probe,
@@ -93,7 +86,7 @@ class TestProbe:
     def test_asks_for_one_token_and_says_who_asks(self) -> None:
         answer = Api()
         with api(answer) as base:
-            p = prober(target(base), Clock())
+            p = prober(target(base), FakeClock(1000.0))
             probe_once(p)
         [(headers, body)] = answer.requests
         assert body == {
@@ -113,7 +106,7 @@ class TestProbe:
         """No answer within the deadline: a timeout, and the probe counts as unanswered
         from when it was sent, across the next probes, until one is answered."""
         answer = Api(delay=30.0)
-        clock = Clock()
+        clock = FakeClock(1000.0)
         with api(answer) as base:
             p = prober(target(base, timeout_seconds=0.3), clock)
             probe_once(p)
@@ -143,13 +136,13 @@ class TestProbe:
     ) -> None:
         """Something answered: counted by reason, but not evidence of a hung engine."""
         with api(Api(status=status, body=body)) as base:
-            p = prober(target(base), Clock())
+            p = prober(target(base), FakeClock(1000.0))
             probe_once(p)
         assert p.stats.failures == {reason: 1}
         assert p.status().last_reason == reason and p.status().unanswered_since is None
 
     def test_refused(self) -> None:
-        p = prober(target(f"http://127.0.0.1:{refused_port()}"), Clock())
+        p = prober(target(f"http://127.0.0.1:{refused_port()}"), FakeClock(1000.0))
         probe_once(p)
         assert p.stats.failures == {"connect": 1} and p.status().unanswered_since is None
 
@@ -157,7 +150,7 @@ class TestProbe:
         """Before a scrape has said which model the server serves, nothing is sent."""
         answer = Api()
         with api(answer) as base:
-            p = prober(target(base), Clock(), model=None)
+            p = prober(target(base), FakeClock(1000.0), model=None)
             probe_once(p)
         assert answer.requests == [] and p.stats.probes == 0
 

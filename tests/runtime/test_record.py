@@ -13,22 +13,10 @@ from vllm_triage.net.fetch import fetch
 from vllm_triage.recording.record import record
 
 from support.captures import fixture_text
+from support.clock import FakeClock
 from support.localserver import replies, serving
 
 BODY = fixture_text("kvwarden-vllm-0.19.1-v1.txt").encode()
-
-
-class FakeClock:
-    """Virtual time: sleeping advances it; each scrape takes a little of it."""
-
-    def __init__(self, start: float = 1_700_000_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class TestRecord:

@@ -17,7 +17,7 @@ from vllm_triage.assemble import build_daemon
 from vllm_triage.config.schema import Settings
 from vllm_triage.service import Daemon
 from vllm_triage.simulator import Scenario
-from vllm_triage.simulator.serve import SimulatedServer
+from vllm_triage.simulator.serve import CONTENT_TYPE, LiveSimulation, SimulatedServer
 
 from support.localserver import Exchange, Handler, serving
 
@@ -64,6 +64,20 @@ def simulated(scenario: Scenario, *, speed: float) -> Iterator[SimulatedServer]:
     finally:
         stop.set()
         thread.join(timeout=10)
+
+
+@contextmanager
+def simulated_on(clock: Callable[[], float], scenario: Scenario, *, speed: float) -> Iterator[str]:
+    """A simulated server on 127.0.0.1 whose virtual time is ``clock``'s time since it was
+    made, times ``speed``: with a fake clock, time passes only when the test says. Its
+    metrics URL."""
+    live = LiveSimulation(scenario, speed=speed, naming="v1", clock=clock, wall=clock)
+
+    def handle(x: Exchange) -> None:
+        x.reply(200, live.metrics(), content_type=CONTENT_TYPE)
+
+    with serving(handle) as server:
+        yield server.url("/metrics")
 
 
 def metrics_url(server: SimulatedServer) -> str:
