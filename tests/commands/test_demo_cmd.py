@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from support.clirun import COMMAND, vllm_triage
 from support.paths import SCENARIO_FIXTURES
@@ -37,6 +38,7 @@ class TestDemo:
         assert events[0]["diagnosis"] == "queue_bound"
         assert events[0]["target"] == "simulated/queue_bound"
 
+    @pytest.mark.e2e
     def test_live_demo_runs_the_tour_through_the_daemon(self, tmp_path: Path) -> None:
         """The README's first command, off a terminal: each phase, the signals
         every 30 simulated seconds, the four causes delivered as alerts in the tour's

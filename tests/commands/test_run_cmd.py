@@ -69,6 +69,7 @@ def write_config(tmp_path: Path, target: str, receiver: str, listen: str, **extr
 
 
 class TestRun:
+    @pytest.mark.e2e
     def test_kv_pressure_shows_on_metrics_and_fires_within_two_minutes(
         self, tmp_path: Path
     ) -> None:

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_triage.config.load import load_settings
@@ -61,6 +62,7 @@ def shape(value: Any, key: str = "") -> Any:
 
 
 class TestTheWholePipeline:
+    @pytest.mark.e2e
     def test_every_cause_fires_and_resolves_and_metrics_show_it(self) -> None:
         """The tour fires each of the four causes, in its order, and resolves each; while
         it is decode-bound, /metrics shows the state and the decode rate against its
