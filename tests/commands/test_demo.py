@@ -23,10 +23,11 @@ from vllm_triage.demo.offline import (
 )
 from vllm_triage.demo.view import DemoTarget, render, status_lines
 from vllm_triage.errors import ConfigError
-from vllm_triage.simulator import get_scenario, record
+from vllm_triage.simulator import get_scenario
 from vllm_triage.target import Target
 
 from support.paths import SCENARIO_FIXTURES
+from support.scenarios import recorded
 
 #: The tour before issue 16: the card swapped under the server for its fault phases.
 CARD_SWAP = SCENARIO_FIXTURES / "tour-card-swap.yaml"
@@ -247,7 +248,7 @@ def clearing_watcher() -> Target:
         settings, settings.targets[0], client=httpx.AsyncClient(), notifier=None
     ).target
     parser = SnapshotParser()
-    for at, body in record(tour, start_at=START_AT, interval_s=5.0, duration_s=255.0):
+    for at, body in recorded(tour, start_at=START_AT, interval_s=5.0, duration_s=255.0):
         watcher.consume(parser.parse(body, at))
         view = watcher.state.view
         assert view is not None

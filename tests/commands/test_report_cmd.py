@@ -19,10 +19,11 @@ from vllm_triage.recording.files import recording_files
 from vllm_triage.recording.replay import replay
 from vllm_triage.recording.report import report_document
 from vllm_triage.recording.reportfile import write_report
-from vllm_triage.simulator import get_scenario, record
+from vllm_triage.simulator import get_scenario
 
 from support.clirun import vllm_triage
 from support.paths import REALVLLM, RECORDINGS
+from support.scenarios import write_recording
 
 CONFIG = REALVLLM / "triage-cpu.yaml"
 NAMES = sorted(p.name for p in RECORDINGS.iterdir() if p.is_dir())
@@ -45,12 +46,7 @@ def replayed(folder: Path, config: Path | None) -> list[tuple[str, str, float]]:
 
 
 def simulated_recording(folder: Path, scenario: str, duration_s: float) -> Path:
-    folder.mkdir()
-    for at, body in record(
-        get_scenario(scenario), start_at=1_767_225_600.0, interval_s=5.0, duration_s=duration_s
-    ):
-        (folder / f"{round(at * 1000)}.prom").write_text(body, encoding="utf-8")
-    return folder
+    return write_recording(folder, scenario, duration=duration_s)
 
 
 @pytest.mark.parametrize("name", NAMES)

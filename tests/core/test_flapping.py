@@ -10,6 +10,7 @@ in one incident), which must still move promptly.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from dataclasses import dataclass
@@ -28,15 +29,16 @@ from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.model import Cause, Diagnosis, Transition
 from vllm_triage.core.parse import SnapshotParser
-from vllm_triage.demo.offline import run_scenario, scenario_facts, scenario_settings
+from vllm_triage.demo.offline import scenario_facts, scenario_settings
 from vllm_triage.recording.replay import replay
 from vllm_triage.serve.api import target_json
 from vllm_triage.serve.exporter import build_registry
-from vllm_triage.simulator import get_scenario, record
+from vllm_triage.simulator import get_scenario
 from vllm_triage.simulator.scenario_files import scenario_names
 
 from support.clirun import vllm_triage
 from support.paths import REALVLLM, RECORDINGS, ROOT, SCENARIO_FIXTURES
+from support.scenarios import offline_run, recorded
 
 SCENARIOS = SCENARIO_FIXTURES
 CPU = REALVLLM / "triage-cpu.yaml"
@@ -73,8 +75,10 @@ def _collect(evaluations: list[Evaluation]) -> Run:
     return run
 
 
+@functools.cache
 def simulate(path: Path, duration_s: float) -> Run:
-    """A scenario file, simulated and judged with its own settings (as the demo does)."""
+    """A scenario file, simulated and judged with its own settings (as the demo does);
+    once per (file, duration) in a test session (several tests read the same run)."""
     scenario = get_scenario(str(path))
     settings = scenario_settings(scenario, None)
     rulebook = build_rulebook(settings)
@@ -82,7 +86,7 @@ def simulate(path: Path, duration_s: float) -> Run:
     parser = SnapshotParser()
     evaluations = [
         evaluator.step(parser.parse(body, at))
-        for at, body in record(
+        for at, body in recorded(
             scenario, start_at=START_AT, interval_s=INTERVAL, duration_s=duration_s
         )
     ]
@@ -102,8 +106,7 @@ def test_every_bundled_scenario_fires_each_phase_once_and_never_changes_cause(na
     """Each phase of every bundled scenario is one episode of one cause: the demo's own
     check (first firing its own cause, nothing else, no second firing), and no incident
     changes cause (the tour puts healthy time between its faults)."""
-    scenario = get_scenario(name)
-    run = run_scenario(name, scenario_settings(scenario, None), duration_s=960.0)
+    run = offline_run(name, duration_s=960.0)
     assert run.problems == ()
     assert [t for t in run.transitions if t.continues] == []
 
@@ -206,7 +209,7 @@ def test_the_raw_confidence_does_jitter_in_those_loads() -> None:
     evaluator = build_evaluator(settings, rulebook)
     parser = SnapshotParser()
     raw = []
-    for at, body in record(scenario, start_at=START_AT, interval_s=INTERVAL, duration_s=600):
+    for at, body in recorded(scenario, start_at=START_AT, interval_s=INTERVAL, duration_s=600):
         e = evaluator.step(parser.parse(body, at))
         raw += [diagnose(s, rulebook, open_after=3).confidence for s in e.signals.values()]
     assert max(abs(x - y) for x, y in itertools.pairwise(raw)) >= 0.25
@@ -235,8 +238,7 @@ def test_a_real_change_of_cause_changes_promptly_in_the_same_incident() -> None:
 def test_the_tour_changes_cause_at_every_phase() -> None:
     """The tour's four faults, each its own episode, in order: the damping that holds a
     steady load still does not hold back a new condition."""
-    scenario = get_scenario("tour")
-    result = run_scenario("tour", scenario_settings(scenario, None), duration_s=960.0)
+    result = offline_run("tour", duration_s=960.0)
     opened = [t.cause for t in result.transitions if t.event == "firing"]
     assert opened == ["prefill_bound", "decode_bound", "queue_bound", "kv_pressure"]
     assert result.problems == ()
@@ -288,7 +290,7 @@ def test_a_cause_change_in_the_exports_and_the_api() -> None:
     watcher = build_scraped(settings, target, client=httpx.AsyncClient(), notifier=None).target
     parser = SnapshotParser()
     with structlog.testing.capture_logs() as logs:
-        for at, body in record(scenario, start_at=START_AT, interval_s=INTERVAL, duration_s=600):
+        for at, body in recorded(scenario, start_at=START_AT, interval_s=INTERVAL, duration_s=600):
             watcher.state.attempted(at)
             watcher.consume(parser.parse(body, at))
     registry = build_registry(lambda: [watcher.state], lambda: [], process_metrics=False)

@@ -20,7 +20,8 @@ from vllm_triage.core.timeline import (
     point_values,
     setting_values,
 )
-from vllm_triage.simulator import get_scenario, record
+
+from support.scenarios import recorded
 
 RULES = build_rulebook(load_settings())
 
@@ -187,9 +188,7 @@ def test_a_simulated_incident_from_end_to_end() -> None:
     causes: list[str | None] = []
     usage: list[float | None] = []
     transitions: list[Transition] = []
-    for at, body in record(
-        get_scenario("kv_pressure"), start_at=0.0, interval_s=5.0, duration_s=300
-    ):
+    for at, body in recorded("kv_pressure", start_at=0.0, interval_s=5.0, duration_s=300):
         ev = evaluator.step(parser.parse(body, at))
         for model, d in ev.diagnoses.items():
             times.append(at)

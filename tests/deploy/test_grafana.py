@@ -37,10 +37,11 @@ from vllm_triage.demo.offline import START_AT, scenario_facts
 from vllm_triage.notify.delivery import Delivery
 from vllm_triage.notify.receivers import build_receiver
 from vllm_triage.serve.exporter import build_registry
-from vllm_triage.simulator import get_scenario, record
+from vllm_triage.simulator import get_scenario
 from vllm_triage.state import ProbeStats, TargetState, View
 
 from support.paths import ROOT
+from support.scenarios import recorded
 
 GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARDS = GRAFANA / "dashboards"
@@ -163,7 +164,7 @@ def watched(scenario: str) -> TargetState:
     evaluator = build_evaluator(settings, rulebook)
     parser = SnapshotParser()
     state = TargetState(scenario, f"http://127.0.0.1:1/{scenario}", rulebook.ceiling)
-    for at, body in record(sc, start_at=START_AT, interval_s=5.0, duration_s=60.0):
+    for at, body in recorded(sc, start_at=START_AT, interval_s=5.0, duration_s=60.0):
         evaluation = evaluator.step(parser.parse(body, at))
         state.scrapes += 1
         state.up, state.last_scrape_at, state.last_success_at = True, at, at

@@ -13,8 +13,9 @@ from vllm_triage.core.model import Diagnosis, Signals
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.core.series import Ring
 from vllm_triage.page.spec import load_spec
-from vllm_triage.simulator import get_scenario, record
 from vllm_triage.state import History
+
+from support.scenarios import recorded
 
 RULES = build_rulebook(load_settings())
 KEYS = ("requests_running_mean", "requests_waiting_mean")
@@ -97,7 +98,7 @@ class TestHistory:
         evaluator = build_evaluator(settings)
         parser = SnapshotParser()
         sizes = []
-        bodies = record(get_scenario("tour"), start_at=0.0, interval_s=5.0, duration_s=900)
+        bodies = recorded("tour", start_at=0.0, interval_s=5.0, duration_s=900)
         for n, (at, body) in enumerate(bodies):
             h.record(evaluator.step(parser.parse(body, at)))
             if n in (10, 179):

@@ -20,9 +20,10 @@ from vllm_triage.serve.exporter import build_registry
 from vllm_triage.serve.listener import HttpServer
 from vllm_triage.serve.routes import Endpoints
 from vllm_triage.serve.status import live_document
-from vllm_triage.simulator import get_scenario, record
 from vllm_triage.state import TargetState
 from vllm_triage.target import Target
+
+from support.scenarios import recorded
 
 START = 1_767_225_600.0
 SECRET_URL = "http://watcher:S3CRET-pw@127.0.0.1:1/metrics?token=S3CRET-query"
@@ -39,9 +40,7 @@ def watched(scenario: str, name: str, url: str, duration_s: float) -> Target:
         clock=lambda: START,
     ).target
     parser = SnapshotParser()
-    for at, body in record(
-        get_scenario(scenario), start_at=START, interval_s=5.0, duration_s=duration_s
-    ):
+    for at, body in recorded(scenario, start_at=START, interval_s=5.0, duration_s=duration_s):
         w.state.attempted(at)
         w.consume(parser.parse(body, at))
     return w

@@ -1,4 +1,4 @@
-"""The bundled scenarios, recorded once per test session.
+"""The bundled scenarios, recorded (and run through the offline demo) once per session.
 
 ``vllm_triage.simulator.record`` steps a physically modelled server in virtual time: the
 tour's fifteen minutes take seconds of CPU, and many tests record the same scenario over
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vllm_triage.demo.offline import ScenarioRun, run_scenario, scenario_settings
 from vllm_triage.simulator import Naming, Scenario, get_scenario, record
 
 #: 2026-01-01T00:00:00Z: the start of the recordings written by ``write_recording``.
@@ -50,6 +51,20 @@ def recorded(
             )
         )
     return _RECORDINGS[key]
+
+
+#: The offline demo's runs by (scenario, duration).
+_RUNS: dict[tuple[str, float], ScenarioRun] = {}
+
+
+def offline_run(name: str, *, duration_s: float) -> ScenarioRun:
+    """``demo.offline.run_scenario`` under the scenario's own settings (as ``demo
+    --offline`` runs it), once per session for each (scenario, duration). Read it only."""
+    key = (name, float(duration_s))
+    if key not in _RUNS:
+        settings = scenario_settings(get_scenario(name), None)
+        _RUNS[key] = run_scenario(name, settings, duration_s=duration_s)
+    return _RUNS[key]
 
 
 def bodies(

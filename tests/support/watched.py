@@ -7,8 +7,10 @@ from vllm_triage.assemble import build_target
 from vllm_triage.config.load import load_settings
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.demo.offline import START_AT, scenario_facts
-from vllm_triage.simulator import get_scenario, record
+from vllm_triage.simulator import get_scenario
 from vllm_triage.state import TargetState
+
+from support.scenarios import recorded
 
 #: Every bundled scenario serves this one model.
 MODEL = get_scenario("kv_pressure").model_name
@@ -26,7 +28,7 @@ def watched(
         settings, name or scenario, f"http://127.0.0.1:1/{scenario}", notifier=None
     )
     parser = SnapshotParser()
-    for at, body in record(sc, start_at=START_AT, interval_s=5.0, duration_s=duration_s):
+    for at, body in recorded(sc, start_at=START_AT, interval_s=5.0, duration_s=duration_s):
         target.state.attempted(at, 0.012)
         target.consume(parser.parse(body, at))
         assert target.state.view is not None and target.state.view.evaluation.accepted
