@@ -75,18 +75,17 @@ class TestRun:
     ) -> None:
         """The issue's check, in real time: `run --config FILE` against `simulate --scenario
         kv_pressure` at 1x shows diagnosis="kv_pressure" 1 and delivers a firing payload."""
-        port = free_port()
         with (
             Receiver() as rx,
             simulated(get_scenario("kv_pressure"), speed=1.0) as sim,
         ):
-            cfg = write_config(tmp_path, metrics_url(sim), rx.url, f"127.0.0.1:{port}")
+            cfg = write_config(tmp_path, metrics_url(sim), rx.url, "127.0.0.1:0")
             started = time.monotonic()
             with command(tmp_path, "run", "--config", str(cfg)) as proc:
-                wait_for_event(proc, "started", 15)
+                listen = wait_for_event(proc, "started", 15)["listen"]
                 wait_for(rx.bodies, timeout=120, every=0.5)
                 elapsed = time.monotonic() - started
-                state = diagnosis_state(f"http://127.0.0.1:{port}/metrics")
+                state = diagnosis_state(f"http://{listen}/metrics")
                 proc.send_signal(signal.SIGTERM)
                 rest = proc.communicate(timeout=20)[1]
         assert elapsed < 120

@@ -122,7 +122,9 @@ def run_into_a_terminal(tmp_path: Path, env: dict[str, str], seconds: float) -> 
             while select.select([leader], [], [], 0.2)[0]:
                 shown += os.read(leader, 65536)
         finally:
-            proc.terminate()
+            # Killed, not terminated: a SIGTERM would spend shutdown_grace_seconds (10 s)
+            # trying to deliver the firing to the webhook that refuses it.
+            proc.kill()
             proc.wait(timeout=30)
             os.close(follower)
             os.close(leader)

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import Settings
 from vllm_triage.serve.exporter import DIAGNOSES
-from vllm_triage.simulator import Phase, Scenario, get_scenario, record
+from vllm_triage.simulator import Phase, Scenario, get_scenario
 
 from support.harness import (
     Answer,
@@ -33,6 +33,7 @@ from support.harness import (
     wait_for,
 )
 from support.receiver import Receiver
+from support.scenarios import recorded
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -40,8 +41,8 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 def bodies(scenario: str, n: int, *, naming: str = "v1", start_at: float = 0.0) -> list[bytes]:
     """``n`` scrapes of a scenario, 5 simulated seconds apart."""
     out = []
-    for _, text in record(
-        get_scenario(scenario),
+    for _, text in recorded(
+        scenario,
         start_at=start_at,
         interval_s=5,
         duration_s=5 * (n - 1),
@@ -181,7 +182,8 @@ def test_a_counter_reset_never_gives_a_negative_rate() -> None:
     before, after = bodies("kv_pressure", 20), bodies("kv_pressure", 20)
     answer = Answer(sequence=before + after)
     seen: list[float] = []
-    with target(answer) as url, running_daemon(settings_for(url)) as daemon:
+    # Forty scrapes at 50 ms, not 200 ms: the pace is not the point, the reset is.
+    with target(answer) as url, running_daemon(settings_for(url, interval_seconds=0.05)) as daemon:
         state = daemon.targets[0].state
 
         def through() -> bool:
@@ -199,7 +201,8 @@ def test_the_naming_era_switching_mid_run_is_followed() -> None:
     old, new = bodies("kv_pressure", 15, naming="v0"), bodies("kv_pressure", 15)
     answer = Answer(sequence=old + new)
     eras: set[str] = set()
-    with target(answer) as url, running_daemon(settings_for(url)) as daemon:
+    # Thirty scrapes at 50 ms, not 200 ms: the pace is not the point, the switch is.
+    with target(answer) as url, running_daemon(settings_for(url, interval_seconds=0.05)) as daemon:
         state = daemon.targets[0].state
         parser = daemon.scrapers[0].reader.parser
 

@@ -33,10 +33,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_triage.simulator import get_scenario, record
+from vllm_triage.simulator import get_scenario
 
-from support.harness import free_port, refused_port, simulated
+from support.harness import refused_port, simulated
 from support.localserver import Exchange, Handler, LocalServer, serving
+from support.scenarios import recorded
 
 #: What every hostile probe must leave: /healthz within a second, under 300 MB.
 HEALTHZ_S = 1.0
@@ -47,7 +48,8 @@ SECRET = "S3CRET"
 
 
 def figure(test: str, **values: object) -> None:
-    """What a test measured, for ``pytest -s tests/system/test_hostile.py | grep FIGURE``."""
+    """What a test measured, for ``pytest -n 0 -s tests/system/test_hostile.py | grep FIGURE``
+    (one process: -s shows nothing of what xdist's workers print)."""
     shown = " ".join(
         f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()
     )
@@ -56,7 +58,7 @@ def figure(test: str, **values: object) -> None:
 
 def good_body() -> bytes:
     """A healthy vLLM scrape (simulated, vLLM 0.19 names)."""
-    (_, text), *_ = record(get_scenario("healthy"), start_at=0, interval_s=5, duration_s=0)
+    (_, text), *_ = recorded("healthy", start_at=0, interval_s=5, duration_s=0)
     return text.encode()
 
 
@@ -71,6 +73,13 @@ class Daemon:
     proc: subprocess.Popen[bytes]
     url: str
     log_path: Path
+
+    def listening(self) -> bool:
+        """Whether the daemon has said where it listens (its URL is then known)."""
+        started = [e for e in self.logs() if e.get("event") == "started"]
+        if started:
+            self.url = f"http://{started[0]['listen']}"
+        return bool(started)
 
     def healthz(self, timeout: float = 3.0) -> float:
         """Seconds /healthz took to answer 200 (infinity if it did not)."""
@@ -143,11 +152,11 @@ def _limit(pid: int, nofile: int | None = None) -> None:
 def run_daemon(
     tmp_path: Path, config: dict[str, Any], *, nofile: int | None = None
 ) -> Iterator[Daemon]:
-    port = free_port()
     path = tmp_path / "triage.yaml"
     # A state folder of its own: module-scoped runs start before the per-test one exists.
     state = {"state_dir": str(tmp_path / "state")}
-    path.write_text(yaml.safe_dump({"listen": f"127.0.0.1:{port}", **state, **config}))
+    # Any free port: the daemon says which in its "started" line.
+    path.write_text(yaml.safe_dump({"listen": "127.0.0.1:0", **state, **config}))
     log_path = tmp_path / "daemon.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
@@ -166,8 +175,9 @@ def run_daemon(
             cwd=tmp_path,  # not the checkout: ``-m`` puts the working folder first on the path
         )
         _limit(proc.pid, nofile)
-        d = Daemon(proc, f"http://127.0.0.1:{port}", log_path)
+        d = Daemon(proc, "", log_path)
         try:
+            assert d.until(d.listening, timeout=30), "never started"
             assert d.until(lambda: d.healthz(timeout=1) < 1, timeout=30), "never came up"
             yield d
         finally:
