@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,3 +70,15 @@ def wait_for_event(proc: subprocess.Popen[str], event: str, timeout: float) -> d
             return found
     proc.kill()
     pytest.fail(f"no {event} within {timeout} s (exit {proc.wait(5)})")
+
+
+def stop(proc: subprocess.Popen[Any], timeout: float = 15.0) -> None:
+    """Stop a child as a service manager would: SIGTERM, then SIGKILL after ``timeout``."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)

@@ -67,21 +67,6 @@ def offline_run(name: str, *, duration_s: float) -> ScenarioRun:
     return _RUNS[key]
 
 
-def bodies(
-    scenario: str | Scenario,
-    *,
-    start_at: float,
-    interval_s: float,
-    duration_s: float | None = None,
-    naming: Naming = "v1",
-) -> list[bytes]:
-    """The recorded scrapes' bodies, as a server sends them."""
-    rec = recorded(
-        scenario, start_at=start_at, interval_s=interval_s, duration_s=duration_s, naming=naming
-    )
-    return [text.encode() for _, text in rec]
-
-
 def write_recording(
     directory: Path,
     scenario: str | Scenario,

@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_triage.simulator import get_scenario
 
+from support.clirun import stop
 from support.harness import refused_port, simulated
 from support.localserver import Exchange, Handler, LocalServer, serving
 from support.scenarios import recorded
@@ -181,12 +182,7 @@ def run_daemon(
             assert d.until(lambda: d.healthz(timeout=1) < 1, timeout=30), "never came up"
             yield d
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+            stop(proc)
 
 
 # -- hostile servers on 127.0.0.1 ------------------------------------------------------------

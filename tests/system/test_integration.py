@@ -32,6 +32,7 @@ from vllm_triage.core.totals import Window
 from vllm_triage.fleet.source import PrometheusSource, shard_of
 from vllm_triage.simulator import get_scenario, record
 
+from support.clirun import stop
 from support.fleet_sim import PodGpus, dcgm_exposition, relabel, serving
 from support.harness import free_port, metrics_url, running_daemon, simulated, wait_for
 from support.receiver import Receiver
@@ -55,12 +56,7 @@ def process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop(proc)
 
 
 @contextmanager

@@ -17,7 +17,7 @@ import pytest
 
 from vllm_triage.simulator import Simulation, get_scenario
 
-from support.clirun import spawn, wait_for_event
+from support.clirun import spawn, stop, wait_for_event
 from support.harness import free_port
 
 pytestmark = pytest.mark.prometheus
@@ -109,9 +109,5 @@ def test_prometheus_scrapes_the_simulator(tmp_path: Path) -> None:
         assert tokens, f"no generation tokens stored:\n{log}"
     finally:
         for proc in (prometheus, simulator):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            if proc is not None:
+                stop(proc)
