@@ -47,3 +47,19 @@ def own_state_home(
     home = tmp_path_factory.mktemp("state-home")
     monkeypatch.setenv("XDG_STATE_HOME", str(home))
     return home
+
+
+#: The folders whose files run longest (whole-product runs, the installed command in
+#: subprocesses, long simulations), first.
+FIRST = ("system", "commands", "core", "simulator")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest first: the parallel run hands out whole files in collection order, so a
+    long file collected last would run alone at the end while the other workers idle."""
+
+    def rank(item: pytest.Item) -> int:
+        folder = item.path.parent.name
+        return FIRST.index(folder) if folder in FIRST else len(FIRST)
+
+    items.sort(key=rank)
