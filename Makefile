@@ -42,7 +42,7 @@ demo: venv
 	$(BIN)/vllm-triage demo
 
 golden: venv
-	$(BIN)/python tests/golden_metrics.py
+	$(BIN)/python tests/support/golden_metrics.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

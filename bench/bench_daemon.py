@@ -268,7 +268,8 @@ def bench_detection(speed: float = 10.0) -> list[dict[str, Any]]:
     from vllm_triage.logs import configure
     from vllm_triage.simulator import get_scenario
 
-    from harness import Receiver, metrics_url, running_daemon, simulated, wait_for
+    from support.harness import metrics_url, running_daemon, simulated, wait_for
+    from support.receiver import Receiver
 
     configure("error", json=True)
     rows = []
@@ -332,7 +333,7 @@ def bench_delivery(n: int = 200) -> dict[str, float]:
     from vllm_triage.notify.receivers import build_receiver
     from vllm_triage.store import Notification
 
-    from harness import Receiver
+    from support.receiver import Receiver
 
     with Receiver() as rx:
         arrivals: list[float] = []

@@ -4,7 +4,7 @@
 
 A fleet of simulated vLLM servers (the bundled scenarios' recordings, each server one of
 them, with its own ``namespace``/``pod``/``instance`` labels), and DCGM-shaped series for
-each server's GPU (``tests/fleet_sim.py``), sampled every 15 s for two minutes, are
+each server's GPU (``tests/support/fleet_sim.py``), sampled every 15 s for two minutes, are
 backfilled into a Prometheus TSDB (``promtool tsdb create-blocks-from openmetrics``); the
 servers carry a ``slice`` label so one Prometheus holds every fleet size and a selector
 picks N servers. Debian's ``prometheus`` serves the blocks, pinned to core 1; fleet mode
@@ -69,7 +69,7 @@ def series_of(scenario: str, t0: float) -> dict[str, list[tuple[str, list[str]]]
     from vllm_triage.core.names import SAMPLES as READ
     from vllm_triage.simulator import get_scenario, record
 
-    from fleet_sim import relabel
+    from support.fleet_sim import relabel
 
     out: dict[str, dict[str, list[str]]] = {}
     for _, body in record(
@@ -208,7 +208,7 @@ def bench(counts: list[int]) -> list[dict[str, Any]]:
         print("  needs Debian's prometheus package (promtool, prometheus): not run")
         return []
     sys.path.insert(0, str(ROOT / "tests"))
-    from harness import free_port, wait_for
+    from support.harness import free_port, wait_for
 
     end = time.time() - 3600
     end -= end % STEP

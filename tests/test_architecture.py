@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-CORE = Path(__file__).resolve().parent.parent / "daemon" / "core"
+from support.paths import ROOT
+
+CORE = ROOT / "daemon" / "core"
 
 #: Standard-library modules the core may use: data shapes and arithmetic only.
 ALLOWED_STDLIB = frozenset(

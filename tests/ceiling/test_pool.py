@@ -27,7 +27,7 @@ from vllm_triage.ceiling.pool import (
 )
 from vllm_triage.ceiling.sizing import kv_bytes_per_token as kv_from_config
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+from support.paths import FIXTURES
 
 
 def cache_labels(path: Path) -> dict[str, str]:
@@ -45,7 +45,7 @@ def first_scrape(folder: str) -> Path:
 
 # --- kv_cache_memory_bytes: exact -------------------------------------------------------------
 
-#: The tiny Llama the recordings served (tests/realvllm/make_model.py): float32 weights.
+#: The tiny Llama the recordings served (tests/system/realvllm/make_model.py): float32 weights.
 TINY_LLAMA = {
     "hidden_size": 512,
     "num_hidden_layers": 4,

@@ -5,7 +5,8 @@ the load go on as before."""
 from __future__ import annotations
 
 import pytest
-from simscrape import START, fixture_scrapes, inline, load, scrapes, server
+
+from support.simscrape import START, fixture_scrapes, inline, load, scrapes, server
 
 TIMES = (239.0, 240.0, 241.0, 480.0)
 COUNTERS = (

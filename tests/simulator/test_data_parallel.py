@@ -5,11 +5,12 @@ least-loaded balancer, and one engine hung while the other serves."""
 from __future__ import annotations
 
 import pytest
-from simscrape import LLAMA, Scrape, fixture, fixture_scrapes, inline, load, scrapes, server
 
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.simulator import SCENARIOS, Simulation
 from vllm_triage.simulator.frontend import Balancer
+
+from support.simscrape import LLAMA, Scrape, fixture, fixture_scrapes, inline, load, scrapes, server
 
 #: vLLM's series that carry no ``engine`` label (the API server's, not an engine's).
 UNLABELLED = {

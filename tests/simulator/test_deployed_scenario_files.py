@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from simscrape import SCENARIOS, fixture, inline, load, server
 
 from vllm_triage.errors import ConfigError
 from vllm_triage.simulator import EnginePhase, Phase
+
+from support.simscrape import SCENARIOS, fixture, inline, load, server
 
 NEW_FIXTURES = (
     "dp_healthy",

@@ -8,10 +8,11 @@ import dataclasses
 from typing import Any
 
 import pytest
-from simscrape import LLAMA, Scrape, fixture, fixture_scrapes, inline, load, scrapes, server
 
 from vllm_triage.simulator import Arrival, ServerSpec, Simulation, Workload, llama_8b
 from vllm_triage.simulator.frontend import rendered
+
+from support.simscrape import LLAMA, Scrape, fixture, fixture_scrapes, inline, load, scrapes, server
 
 RENDER = "vllm:request_render_duration_seconds"
 TTFT = "vllm:time_to_first_token_seconds"

@@ -4,10 +4,11 @@ mode only, no steps while asleep, requests sent to a sleeper wait, waking resume
 from __future__ import annotations
 
 import pytest
-from simscrape import Scrape, fixture_scrapes, inline, load, scrapes, server
 
 from vllm_triage.errors import ConfigError
 from vllm_triage.simulator import SCENARIOS, Arrival, Engine, llama_8b
+
+from support.simscrape import Scrape, fixture_scrapes, inline, load, scrapes, server
 
 SLEEP = "vllm:engine_sleep_state"
 ASLEEP_TIMES = (100.0, 200.0, 419.0, 425.0, 540.0)

@@ -4,9 +4,10 @@ running, waiting and KV gauges stop at their values while the engine serves on."
 from __future__ import annotations
 
 import pytest
-from simscrape import fixture_scrapes, inline, load, scrapes, server
 
 from vllm_triage.simulator import Arrival, Engine, llama_8b
+
+from support.simscrape import fixture_scrapes, inline, load, scrapes, server
 
 TIMES = (119.0, 120.0, 125.0, 200.0, 300.0, 420.0)
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")

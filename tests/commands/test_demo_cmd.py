@@ -1,0 +1,184 @@
+"""``vllm-triage demo`` as a user runs it (daemon/commands/demo.py): the installed command in a
+subprocess, offline and live, from a temporary directory."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from support.clirun import COMMAND, vllm_triage
+from support.paths import SCENARIO_FIXTURES
+
+CARD_SWAP = SCENARIO_FIXTURES / "tour-card-swap.yaml"
+
+
+class TestDemo:
+    def test_demo_json(self, tmp_path: Path) -> None:
+        """The demo's queue scenario fires queue_bound, as JSON lines."""
+        result = vllm_triage(
+            "demo",
+            "--offline",
+            "--scenario",
+            "queue_bound",
+            "--duration",
+            "90",
+            "--format",
+            "json",
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stderr
+        events = [json.loads(line) for line in result.stdout.splitlines()]
+        assert events[0]["diagnosis"] == "queue_bound"
+        assert events[0]["target"] == "simulated/queue_bound"
+
+    @pytest.mark.e2e
+    def test_live_demo_runs_the_tour_through_the_daemon(self, tmp_path: Path) -> None:
+        """The README's first command, off a terminal: each phase, the signals
+        every 30 simulated seconds, the four causes delivered as alerts in the tour's
+        order and nothing else, the URLs, the first alert as the receiver got it, and
+        the path of the tour's report, recorded as the daemon watched it."""
+        result = vllm_triage(
+            "demo",
+            "--listen",
+            "127.0.0.1:0",
+            cwd=tmp_path,
+            timeout=300,
+            env={"TMPDIR": str(tmp_path)},
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        out = result.stdout
+        assert "derived metrics: http://127.0.0.1:" in out and "/metrics" in out
+        assert re.search(r"status page: +http://127\.0\.0\.1:\d+/\n", out)
+        assert "tour: as built: each phase's own cause fired first, nothing else" in out
+        assert (
+            "alerts fired: prefill_bound, decode_bound, queue_bound, kv_pressure, stalled; "
+            "resolved: prefill_bound, decode_bound, queue_bound, kv_pressure, stalled"
+        ) in out
+        report = Path(out.splitlines()[-1])
+        assert report.parent.parent == tmp_path and report.name == "tour-report.html"
+        page = report.read_text(encoding="utf-8")
+        for cause in ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure", "stalled"):
+            assert f'"cause":"{cause}"' in page
+        assert ", 0 failed." in out
+        for cause in ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure"):
+            assert f"FIRING    {cause}" in out
+            assert f"[tour] now playing: {cause}" in out
+        # The signals, off a terminal too.
+        assert re.search(r"\[tour\] \d\d:\d\d  TTFT p99 .* ITL p99 .* -> healthy", out)
+        # One real payload, pretty-printed: the Alertmanager webhook the receiver got.
+        payload = out.split("as your receiver would get it (Alertmanager webhook, v4):\n")[1]
+        first = json.loads(payload[: payload.rindex("}") + 1])
+        assert first["version"] == "4" and first["status"] == "firing"
+        assert first["alerts"][0]["labels"]["diagnosis"] == "prefill_bound"
+        assert "Traceback" not in result.stderr
+
+    def test_offline_tour_is_as_built(self, tmp_path: Path) -> None:
+        """`demo --offline --scenario tour`: the whole tour, judged by the same check."""
+        result = vllm_triage("demo", "--offline", "--scenario", "tour", cwd=tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "-> as built over 214 scrapes" in result.stdout
+        assert "1/1 scenarios diagnosed as built." in result.stdout
+
+    def test_offline_old_tour_is_not_as_built(self, tmp_path: Path) -> None:
+        """The card-swapping tour of before (a scenario file): exit 1, saying what went
+        differently, where the old demo said "every cause fired"."""
+        result = vllm_triage("demo", "--offline", "--scenario", str(CARD_SWAP), cwd=tmp_path)
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "NOT AS BUILT" in result.stdout
+        assert "was prefill_bound at 275 s, not decode_bound" in result.stdout
+        assert "0/1 scenarios diagnosed as built." in result.stdout
+
+    def test_an_unknown_scenario_is_a_usage_error(self, tmp_path: Path) -> None:
+        result = vllm_triage("demo", "--scenario", "tuor", cwd=tmp_path)
+        assert result.returncode == 2
+        assert "no scenario 'tuor'; there are:" in result.stderr and "tour" in result.stderr
+
+    def test_keep_running_serves_until_ctrl_c(self, tmp_path: Path) -> None:
+        """--keep-running: after its verdict the demo's URLs still answer; Ctrl-C stops it
+        with the verdict's exit code."""
+        proc = subprocess.Popen(
+            [
+                *(str(COMMAND), "demo", "--scenario", "kv_pressure", "--duration", "60"),
+                *("--speed", "30", "--listen", "127.0.0.1:0", "--keep-running"),
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            lines = []
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                line = proc.stdout.readline()
+                lines.append(line)
+                if line.startswith("Still serving") or not line:
+                    break
+            text = "".join(lines)
+            assert "kv_pressure: as built" in text, text
+            url = re.search(r"(http://127\.0\.0\.1:\d+)/metrics", lines[-1])
+            assert url, text
+            time.sleep(1.0)  # the daemon keeps scraping the held last phase
+            got = httpx.get(url.group(1) + "/api/v1/diagnoses", timeout=5).json()
+            assert got["targets"][0]["target"] == "kv_pressure"
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, err
+        assert "stopped." in out and "Traceback" not in err
+
+    def test_ctrl_c_says_interrupted_and_exits_130(self, tmp_path: Path) -> None:
+        proc = subprocess.Popen(
+            [str(COMMAND), "demo", "--listen", "127.0.0.1:0"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if "now playing" in proc.stdout.readline():
+                    break
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 130, out + err
+        assert "interrupted" in out
+        assert "NOT AS BUILT" not in out and "Traceback" not in err
+
+    def test_offline_only_options_need_offline(self, tmp_path: Path) -> None:
+        result = vllm_triage("demo", "--record", "rec", cwd=tmp_path)
+        assert result.returncode == 2
+        assert "need --offline" in result.stderr
+
+    def test_demo_records_for_replay(self, tmp_path: Path) -> None:
+        """`demo --record DIR` writes a recording that `replay` diagnoses the same way."""
+        demo = vllm_triage(
+            "demo",
+            "--offline",
+            "--scenario",
+            "kv_pressure",
+            "--duration",
+            "120",
+            "--record",
+            "rec",
+            cwd=tmp_path,
+        )
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        assert "1/1 scenarios diagnosed as built" in demo.stdout
+        replay = vllm_triage("replay", "rec/kv_pressure", "--format", "json", cwd=tmp_path)
+        assert json.loads(replay.stdout.splitlines()[0])["diagnosis"] == "kv_pressure"

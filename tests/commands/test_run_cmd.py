@@ -1,0 +1,178 @@
+"""`vllm-triage run` as a user runs it (daemon/commands/run.py): the installed command in a
+subprocess, a simulated server, a webhook receiver, all on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from vllm_triage.simulator import get_scenario
+
+from support.clirun import COMMAND, vllm_triage, wait_for_event
+from support.harness import free_port, metrics_url, simulated, wait_for
+from support.receiver import Receiver
+
+
+@contextmanager
+def command(tmp_path: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [str(COMMAND), *args],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def diagnosis_state(url: str) -> dict[str, float]:
+    text = httpx.get(url, timeout=5).text
+    return {
+        s.labels["diagnosis"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "vllm_triage_diagnosis"
+    }
+
+
+def write_config(tmp_path: Path, target: str, receiver: str, listen: str, **extra: object) -> Path:
+    cfg = {
+        "listen": listen,
+        "targets": [{"name": "sim", "url": target, "hardware": {"gpu": "A100 80GB SXM"}}],
+        "receivers": [
+            {
+                "type": "alertmanager_webhook",
+                "url": receiver,
+                "hmac_secret": "not-in-any-log",
+                "retry_initial_seconds": 0.2,
+            }
+        ],
+        **extra,
+    }
+    path = tmp_path / "triage.yaml"
+    path.write_text(json.dumps(cfg), encoding="utf-8")  # JSON is YAML
+    return path
+
+
+class TestRun:
+    @pytest.mark.e2e
+    def test_kv_pressure_shows_on_metrics_and_fires_within_two_minutes(
+        self, tmp_path: Path
+    ) -> None:
+        """The issue's check, in real time: `run --config FILE` against `simulate --scenario
+        kv_pressure` at 1x shows diagnosis="kv_pressure" 1 and delivers a firing payload."""
+        with (
+            Receiver() as rx,
+            simulated(get_scenario("kv_pressure"), speed=1.0) as sim,
+        ):
+            cfg = write_config(tmp_path, metrics_url(sim), rx.url, "127.0.0.1:0")
+            started = time.monotonic()
+            with command(tmp_path, "run", "--config", str(cfg)) as proc:
+                listen = wait_for_event(proc, "started", 15)["listen"]
+                wait_for(rx.bodies, timeout=120, every=0.5)
+                elapsed = time.monotonic() - started
+                state = diagnosis_state(f"http://{listen}/metrics")
+                proc.send_signal(signal.SIGTERM)
+                rest = proc.communicate(timeout=20)[1]
+        assert elapsed < 120
+        assert state["kv_pressure"] == 1.0 and sum(state.values()) == 1.0
+        body = rx.bodies()[0]
+        assert body["status"] == "firing"
+        assert body["alerts"][0]["labels"]["diagnosis"] == "kv_pressure"
+        assert proc.returncode == 0
+        assert '"event": "stopped"' in rest
+        assert "not-in-any-log" not in rest
+
+    def test_sigterm_delivers_what_is_pending_first(self, tmp_path: Path) -> None:
+        """SIGTERM while a notification is in flight to a slow receiver: it is delivered,
+        then the daemon exits 0, well within shutdown_grace_seconds."""
+        with (
+            Receiver() as rx,
+            simulated(get_scenario("kv_pressure"), speed=10.0) as sim,
+        ):
+            rx.behaviour.delay = 2.0
+            cfg = write_config(
+                tmp_path,
+                metrics_url(sim),
+                rx.url,
+                "127.0.0.1:0",
+                interval_seconds=0.5,
+                shutdown_grace_seconds=8,
+            )
+            with command(tmp_path, "run", "--config", str(cfg)) as proc:
+                wait_for_event(proc, "started", 15)
+                wait_for(lambda: rx.attempts >= 1, timeout=60)
+                signalled = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+                rest = proc.communicate(timeout=20)[1]
+                took = time.monotonic() - signalled
+        assert proc.returncode == 0
+        assert took < 8
+        assert [b["status"] for b in rx.bodies()][:1] == ["firing"]
+        stopped = [json.loads(line) for line in rest.splitlines() if '"stopped"' in line]
+        assert stopped and stopped[0]["undelivered"] == 0
+
+    @pytest.mark.parametrize(
+        ("config", "fragment"),
+        [
+            pytest.param("interval_seconds: -1\n", "interval_seconds", id="negative-interval"),
+            pytest.param("listen: nowhere\n", "listen", id="bad-listen"),
+            pytest.param(
+                "targets: [{name: a, url: 'ftp://x'}]\n", "targets.0.url", id="bad-target-url"
+            ),
+            pytest.param(
+                "targets: [{name: a, url: 'http://x'}, {name: a, url: 'http://y'}]\n",
+                "names must be unique",
+                id="duplicate-targets",
+            ),
+            pytest.param(
+                "targets: [{name: a, url: 'http://x'}]\n"
+                "receivers: [{type: pagerduty, url: 'http://x'}]\n",
+                "receivers.0.type",
+                id="unknown-receiver-type",
+            ),
+            pytest.param("# nothing to watch\n", "no targets", id="no-targets"),
+        ],
+    )
+    def test_invalid_config_exits_2_and_starts_nothing(
+        self, tmp_path: Path, config: str, fragment: str
+    ) -> None:
+        port = free_port()
+        path = tmp_path / "bad.yaml"
+        if "listen" not in config:
+            config += f"listen: 127.0.0.1:{port}\n"
+        path.write_text(config, encoding="utf-8")
+        result = vllm_triage("run", "--config", str(path), cwd=tmp_path, timeout=30)
+        assert result.returncode == 2, result.stderr
+        assert fragment in result.stderr
+        assert '"started"' not in result.stderr
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+
+    def test_a_port_in_use_is_a_clear_error(self, tmp_path: Path) -> None:
+        with Receiver() as rx:
+            result = vllm_triage(
+                "run",
+                "--target",
+                "http://127.0.0.1:1/metrics",
+                "--listen",
+                f"127.0.0.1:{rx.port}",
+                cwd=tmp_path,
+                timeout=30,
+            )
+        assert result.returncode == 2
+        assert "cannot listen on" in result.stderr

@@ -1,0 +1,128 @@
+"""Tests for daemon/core/stall.py: no progress with work outstanding is ``stalled``, judged
+before anything else; a shorter pause, and the window after a stall, judge nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vllm_triage.core.diagnose import diagnose
+from vllm_triage.core.model import Progress
+from vllm_triage.core.stall import stall_breach_seconds
+
+from support.diagnosis import q, rules, signals
+
+
+def progress(**changes: Any) -> Progress:
+    """An engine 8 requests deep whose series stopped moving ``seconds_without_progress`` ago."""
+    base = Progress(
+        last_progress_at=40.0,
+        seconds_without_progress=60.0,
+        running=8.0,
+        waiting=0.0,
+        checked=("generation_tokens", "prompt_tokens", "iterations", "running", "waiting"),
+        last_values={"generation_tokens": 1234.0, "running": 8.0},
+        interval_seconds=5.0,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+# Signals whose symptoms, taken at face value, would be queue_bound (a frozen queue).
+QUEUED: dict[str, Any] = dict(waiting_mean=6.0, ttft_p99=q(9.0), ttft_mean=4.0)
+
+
+class TestStalled:
+    def test_no_progress_with_work_outstanding_is_stalled(self) -> None:
+        """A minute without a token or a step, 8 requests running: stalled, with the
+        numbers that decided it and how to get a stack dump."""
+        d = diagnose(signals(progress=progress()), rules())
+        assert d.cause == "stalled" and d.breaches == ("no_progress",)
+        assert d.evidence["seconds_without_progress"] == 60.0
+        assert d.evidence["stall_after_seconds"] == 30.0
+        assert d.evidence["requests_running"] == 8.0
+        assert d.evidence["last_generation_tokens"] == 1234.0
+        assert "iterations" in str(d.evidence["progress_series_checked"])
+        assert "no progress for 60 s" in d.summary and "8 requests running" in d.summary
+        assert "py-spy dump" in d.remediation[0]
+        assert d.secondary == ()
+        # gauges and the step counter hold, no probe: (1 + 1 + 0.5 + 1) / 4
+        assert d.confidence == 0.88
+
+    def test_stalled_comes_first(self) -> None:
+        """Frozen gauges keep showing a queue; the stall explains it, so it wins."""
+        d = diagnose(signals(progress=progress(waiting=6.0), **QUEUED), rules())
+        assert d.cause == "stalled" and d.secondary == ()
+
+    def test_not_yet_a_stall_judges_nothing(self) -> None:
+        """10 s without progress: too short for a stall, and the gauges are frozen, so the
+        queue they show is not judged either (it would fire before the stall could)."""
+        d = diagnose(signals(progress=progress(seconds_without_progress=10.0), **QUEUED), rules())
+        assert d.cause is None and d.breaches == () and d.held
+        assert "no engine progress for 10 s" in d.summary
+
+    def test_the_window_after_a_stall_is_the_stalls(self) -> None:
+        """The engine resumed 20 s ago after 60 s without progress: the minute-long TTFTs
+        now in the window are the stall's, not a queue's or prefill's."""
+        after = progress(
+            seconds_without_progress=0.0,
+            previous_stall_seconds=60.0,
+            previous_stall_ended_seconds_ago=20.0,
+        )
+        d = diagnose(signals(progress=after, **QUEUED), rules())
+        assert d.cause is None and "resumed 20 s ago" in d.summary
+        assert not d.held  # clear: the stall is over, and it resolves
+
+    def test_a_short_pause_before_is_no_alibi(self) -> None:
+        """A pause shorter than a stall leaves the symptoms to be judged as usual."""
+        brief = progress(
+            seconds_without_progress=0.0,
+            previous_stall_seconds=5.0,
+            previous_stall_ended_seconds_ago=20.0,
+        )
+        d = diagnose(signals(progress=brief, **QUEUED), rules())
+        assert d.cause == "queue_bound"
+
+    def test_the_breach_leads_the_alert_by_open_after(self) -> None:
+        """With 5 s scrapes and open_after 3 the stall breaches at 20 s, so the alert
+        (three breached evaluations later) fires at stall_after_seconds, 30 s."""
+        assert stall_breach_seconds(rules(), 5.0, 3) == 20.0
+        assert (
+            diagnose(
+                signals(progress=progress(seconds_without_progress=20.0)), rules(), open_after=3
+            ).cause
+            == "stalled"
+        )
+        assert (
+            diagnose(
+                signals(progress=progress(seconds_without_progress=19.0)), rules(), open_after=3
+            ).cause
+            is None
+        )
+        # a one-off verdict (open_after 1) waits the whole 30 s
+        assert (
+            diagnose(signals(progress=progress(seconds_without_progress=29.0)), rules()).cause
+            is None
+        )
+        # never earlier than half of it, however long the scrape interval
+        assert stall_breach_seconds(rules(), 60.0, 5) == 15.0
+
+    def test_an_unanswered_probe_on_an_idle_looking_engine(self) -> None:
+        """The gauges say idle, but a one-token probe has had no answer for 35 s while
+        nothing moved: the hang the metrics cannot show."""
+        idle = progress(
+            running=0.0,
+            waiting=0.0,
+            seconds_without_progress=35.0,
+            probe_unanswered_seconds=35.0,
+            probe_last_reason="timeout",
+        )
+        d = diagnose(signals(progress=idle), rules())
+        assert d.cause == "stalled"
+        assert "probe unanswered for 35 s" in d.summary
+        assert d.evidence["probe_last_reason"] == "timeout"
+        # the gauges do not show it, the probe and the step counter do: (1 + 0 + 1 + 1) / 4
+        assert d.confidence == 0.75
+
+    def test_an_idle_engine_is_healthy(self) -> None:
+        d = diagnose(signals(progress=progress(running=0.0, seconds_without_progress=0.0)), rules())
+        assert d.cause is None and d.summary == ""

@@ -1,0 +1,675 @@
+"""Fleet mode (daemon/fleet/: source.py, queries.py, signals.py, hardware.py)
+against a query API on 127.0.0.1 that answers each tagged row of the fleet's instant
+queries from simulator recordings, windowed as the sidecar's own window does. So the
+plumbing (rows -> totals -> signals -> diagnosis, discovery, shards, hardware) is held
+to the sidecar exactly; the PromQL itself runs against a real Prometheus in
+tests/system/test_integration.py."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import json
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import httpx
+import pytest
+
+from vllm_triage.assemble import (
+    build_fleet,
+    build_hardware_resolver,
+    build_notifier,
+    build_rulebook,
+)
+from vllm_triage.config.load import load_settings
+from vllm_triage.config.matchers import parse_matchers
+from vllm_triage.config.schema import Settings
+from vllm_triage.core.diagnose import diagnose
+from vllm_triage.core.model import KVPool, Signals, Snapshot, WindowTotals
+from vllm_triage.core.names import SAMPLES
+from vllm_triage.core.parse import parse_snapshot
+from vllm_triage.core.totals import Window
+from vllm_triage.errors import ConfigError
+from vllm_triage.fleet.hardware import Card, HardwareResolver
+from vllm_triage.fleet.queries import QueryPlan, duration, names
+from vllm_triage.fleet.source import PrometheusSource, shard_of
+from vllm_triage.simulator import get_scenario, record
+from vllm_triage.store import StateStore
+
+from support.localserver import Exchange, serving
+from support.paths import CONFIGS
+
+STEP = 5.0
+WINDOW = 60.0
+NOW = 1_767_226_200.0  # a multiple of STEP: the fleet's evaluation grid lands here
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+LLAMA_8B = {"parameters_billion": 8.03, "dtype": "bfloat16"}
+
+
+@functools.cache
+def scrapes(scenario: str) -> tuple[tuple[float, str], ...]:
+    """The scenario scraped every STEP seconds up to NOW."""
+    return tuple(
+        record(get_scenario(scenario), start_at=NOW - 400, interval_s=STEP, duration_s=400)
+    )
+
+
+@functools.cache
+def recorded(scenario: str) -> tuple[Snapshot, ...]:
+    return tuple(parse_snapshot(body, at) for at, body in scrapes(scenario))
+
+
+@functools.cache
+def exposed(scenario: str) -> frozenset[str]:
+    """The names the parser reads that the scenario's scrapes show."""
+    _, body = scrapes(scenario)[-1]
+    return frozenset(line.split("{")[0].split(" ")[0] for line in body.splitlines()) & set(SAMPLES)
+
+
+def window_at(scenario: str, at: float) -> Window:
+    """The sidecar's window over the recording at ``at``."""
+    w = Window(WINDOW, min_observations=load_settings().thresholds.min_observations)
+    for snap in recorded(scenario):
+        if at - WINDOW - STEP < snap.at <= at:
+            w.push(snap)
+    return w
+
+
+def without_progress(s: Signals) -> Signals:
+    """The sidecar's signals as fleet mode has them when the query API answers no progress
+    rows (this fake answers none; they are tested apart)."""
+    missing = dict(s.missing)
+    missing["progress"] = "not exposed: no token, step or scheduler series per engine"
+    return dataclasses.replace(s, progress=None, missing=missing)
+
+
+@functools.cache
+def totals_at(scenario: str, at: float) -> tuple[tuple[WindowTotals, ...], KVPool | None]:
+    """Each model's totals of the sidecar's window at ``at``, and its KV pool."""
+    w = window_at(scenario, at)
+    if not len(w) or w.newest is None:
+        return (), None
+    return tuple(w.totals(m) for m in w.models()), w.newest.kv_pool
+
+
+def _row(labels: dict[str, str], key: str, at: float, value: float) -> dict[str, Any]:
+    """A row of the query for ``key`` (kept beside the row, for the fake to pick by)."""
+    return {"metric": dict(labels), "value": [at, repr(value)], "key": key}
+
+
+def model_rows(keys: set[str], labels: dict[str, str], t: WindowTotals) -> list[dict[str, Any]]:
+    """The rows Prometheus would give for one server's model, from the sidecar's totals."""
+    at, out = t.at, []
+    lab = {**labels, "model_name": t.model_name}
+    for name, h in t.histograms.items():
+        if f"{name}_bucket" in keys:
+            for le, c in zip(h.bounds, h.cumulative, strict=True):
+                le_text = "+Inf" if math.isinf(le) else repr(le)
+                out.append(_row({**lab, "le": le_text}, f"{name}_bucket", at, c))
+        for part, value in (("sum", h.sum), ("count", h.count)):
+            if f"{name}_{part}" in keys:
+                out.append(_row(lab, f"{name}_{part}", at, value))
+    for name, value in t.counters.items():
+        if name in keys:
+            out.append(_row(lab, name, at, value))
+    gauges = {
+        "running_mean": t.running.mean,
+        "running_max": t.running.max,
+        "waiting_mean": t.waiting.mean,
+        "waiting_max": t.waiting.max,
+        "waiting_min": t.waiting.min,
+        "kv_usage_mean": t.kv_usage.mean,
+        "kv_usage_max": t.kv_usage.max,
+        "running_busy_mean": t.running_busy_mean,
+        "kv_usage_busy_mean": t.kv_usage_busy_mean,
+        "snapshots": float(t.snapshots),
+        "engines": float(t.engines),
+    }
+    for key, value in gauges.items():
+        if key in keys and value is not None:
+            out.append(_row(lab, key, at, value))
+    return out
+
+
+class Fake:
+    """What the query API knows: servers ({instance: scenario}), their extra labels and
+    DCGM cards ({instance: (card, gpus, dram activity)}). It answers the fleet's own
+    queries (``learn`` maps each query's text to its key) with the rows Prometheus would
+    give, from the sidecar's window over the recordings."""
+
+    def __init__(self) -> None:
+        self.servers: dict[str, str] = {}
+        self.labels: dict[str, dict[str, str]] = {}
+        self.dcgm: dict[str, tuple[str, int, float]] = {}
+        self.seen: list[dict[str, str]] = []
+        self.keys: dict[str, str] = {}
+        self.names_api = True
+        self.status = 200
+        self.raw: bytes | None = None
+
+    def names(self) -> frozenset[str]:
+        return frozenset().union(*(exposed(s) for s in self.servers.values()))
+
+    def learn(self, plan: QueryPlan) -> None:
+        for present in (None, self.names()):
+            self.keys.update({q.promql: q.key for q in plan.queries(present)})
+
+    def answer(self, query: str, at: float) -> list[dict[str, Any]]:
+        key = self.keys[query]
+        rows: list[dict[str, Any]] = []
+        for instance, scenario in self.servers.items():
+            labels = {"job": "vllm", "instance": instance}
+            models, pool = totals_at(scenario, at)
+            if not models:
+                continue
+            extra = self.labels.get(instance, {})
+            for t in models:
+                for row in model_rows({key}, labels, t):
+                    if key == "engines":
+                        row["metric"].update(extra)
+                    rows.append(row)
+            if key == "pool" and pool is not None:
+                sizes = {"engine": "0", "block_size": str(pool.block_size)}
+                sizes["num_gpu_blocks"] = str(pool.num_gpu_blocks)
+                if pool.config is not None:  # the labels that size KV bytes per token
+                    cfg = pool.config
+                    sizes["kv_cache_size_tokens"] = str(cfg.kv_cache_size_tokens)
+                    sizes["kv_cache_memory_bytes"] = str(cfg.kv_cache_memory_bytes)
+                    sizes["gpu_memory_utilization"] = str(cfg.gpu_memory_utilization)
+                    sizes["cache_dtype"] = cfg.cache_dtype
+                rows.append(_row({**labels, **sizes}, "pool", at, 1.0))
+            if instance in self.dcgm and extra:
+                card, gpus, dram = self.dcgm[instance]
+                pod = {"namespace": extra["namespace"], "pod": extra["pod"]}
+                if key == "dcgm_gpus":
+                    rows.append(_row({**pod, "modelName": card}, key, at, float(gpus)))
+                if key == "dcgm_dram":
+                    rows.append(_row(pod, key, at, dram))
+        return rows
+
+
+@contextmanager
+def query_api(fake: Fake) -> Iterator[str]:
+    def handle(x: Exchange) -> None:
+        if x.request.method == "GET":
+            # The label values API: which names the fleet exposes.
+            fake.seen.append({"names": x.request.path})
+            found = fake.names_api and x.request.path.startswith("/api/v1/label/__name__/values")
+            doc = {"status": "success", "data": sorted(fake.names())}
+            x.reply(
+                200 if found else 404, json.dumps(doc).encode() if found else b"404 page not found"
+            )
+            return
+        form = {k: v[0] for k, v in parse_qs(x.request.body.decode()).items()}
+        fake.seen.append(form)
+        if fake.raw is not None or fake.status != 200:
+            body = fake.raw or b'{"status":"error","error":"boom"}'
+        else:
+            result = fake.answer(form["query"], float(form["time"]))
+            doc = {"status": "success", "data": {"resultType": "vector", "result": result}}
+            body = json.dumps(doc).encode()
+        x.reply(fake.status, body, content_type="application/json")
+
+    with serving(handle) as server:
+        yield server.url()
+
+
+def fleet_settings(url: str, **extra: Any) -> Settings:
+    top = extra.pop("top", {})
+    prom = {"url": url, "selector": '{job="vllm"}', "timeout_seconds": 30, **extra}
+    return load_settings(
+        flags={
+            "source": "prometheus",
+            "interval_seconds": STEP,
+            "window_seconds": WINDOW,
+            "prometheus": prom,
+            **top,
+        }
+    )
+
+
+def warm(fake: Fake, times: list[float]) -> list[float]:
+    """Simulate the fake's windows before the ticks ask (a busy machine takes seconds)."""
+    for scenario in set(fake.servers.values()):
+        for at in times:
+            totals_at(scenario, at - at % STEP)
+    return times
+
+
+def run_ticks(
+    settings: Settings,
+    times: list[float],
+    *,
+    fake: Fake | None = None,
+    store: StateStore | None = None,
+) -> PrometheusSource:
+    now = [times[0]]
+
+    async def go() -> PrometheusSource:
+        async with httpx.AsyncClient() as client:
+            notifier = build_notifier(settings, client, "http://x", store) if store else None
+            source = build_fleet(
+                settings, client=client, notifier=notifier, clock=lambda: now[0], store=store
+            )
+            if fake is not None:
+                fake.learn(source.plan)
+            for at in times:
+                now[0] = at
+                await source.tick()
+        return source
+
+    return asyncio.run(go())
+
+
+class TestQueries:
+    def plan(self, **extra: Any) -> QueryPlan:
+        return QueryPlan(
+            selector='{job="vllm", namespace=~"llm-.*"}',
+            identity=("job", "instance"),
+            window_seconds=60,
+            step_seconds=15,
+            **extra,
+        )
+
+    def queries(self, present: frozenset[str] | None = None, **extra: Any) -> dict[str, str]:
+        return {q.key: q.promql for q in self.plan(**extra).queries(present)}
+
+    def test_one_query_per_signal(self) -> None:
+        """Buckets of the three latency histograms, every sum and count, the counters,
+        the gauges' statistics, engines, the pool; DCGM's two when it is on."""
+        keys = set(self.queries())
+        assert {"ttft_bucket", "itl_bucket", "iteration_tokens_bucket"} <= keys
+        assert {"queue_time_sum", "queue_time_count", "decode_time_sum"} <= keys
+        assert {"generation_tokens", "preemptions", "spec_drafts"} <= keys
+        assert {"running_mean", "waiting_min", "kv_usage_busy_mean", "engines", "pool"} <= keys
+        assert "requests_finished" not in keys and "dcgm_gpus" not in keys
+        dcgm = self.queries(dcgm_selector="", dcgm_join=("namespace", "pod"))
+        assert "count by (namespace, pod, modelName)" in dcgm["dcgm_gpus"]
+        assert (
+            "avg by (namespace, pod) (avg_over_time(DCGM_FI_PROF_DRAM_ACTIVE[" in dcgm["dcgm_dram"]
+        )
+
+    def test_every_naming_era_newest_first(self) -> None:
+        """The current name, then the V0 name, then Ray Serve's prefix, first wins."""
+        assert names("itl", "bucket") == [
+            "vllm:inter_token_latency_seconds_bucket",
+            "vllm:time_per_output_token_seconds_bucket",
+            "ray_vllm:inter_token_latency_seconds_bucket",
+            "ray_vllm:time_per_output_token_seconds_bucket",
+        ]
+        q = self.queries()["itl_bucket"]
+        first, second = q.index("vllm:inter_token"), q.index("vllm:time_per_output")
+        assert first < second
+        assert " or on (job, instance, model_name) " in q
+        assert 'vllm:inter_token_latency_seconds_bucket{job="vllm", namespace=~"llm-.*"}' in q
+        assert "sum by (job, instance, model_name, le) (increase(" in q
+
+    def test_only_the_names_the_fleet_exposes(self) -> None:
+        """A fleet on one vLLM version gets plain queries; a field it does not expose
+        (speculative decoding off) is not asked for."""
+        present = exposed("healthy")
+        q = self.queries(present)
+        assert q["itl_bucket"] == (
+            "sum by (job, instance, model_name, le) (increase(vllm:inter_token_latency_"
+            'seconds_bucket{job="vllm", namespace=~"llm-.*"}[60000ms]))'
+        )
+        assert all(" or " not in promql for promql in q.values())
+        assert "spec_drafts" not in q and "ttft_bucket" in q
+        assert len(q) < len(self.queries())
+
+    def test_window_and_step_in_milliseconds(self) -> None:
+        """Prometheus 2 takes no decimal seconds in a duration."""
+        assert duration(12.5) == "12500ms"
+        q = self.queries()
+        assert "[60000ms:15000ms]" in q["running_max"]
+        assert "avg_over_time(vllm:num_requests_running" in q["running_mean"]
+
+    def test_rule_and_join_labels_are_fetched(self) -> None:
+        q = self.queries(server_labels=("namespace", "pod", "instance"))["engines"]
+        assert q.startswith(
+            "(count by (job, instance, model_name, namespace, pod) (last_over_time("
+        )
+
+
+class TestMatchers:
+    @pytest.mark.parametrize(
+        ("text", "labels", "hit"),
+        [
+            ('{namespace="llm"}', {"namespace": "llm"}, True),
+            ('{namespace="llm"}', {"namespace": "llm2"}, False),
+            ('{pod=~"llama-.*"}', {"pod": "llama-0"}, True),
+            ('{pod=~"llama-.*"}', {"pod": "x-llama-0"}, False),  # anchored, as PromQL
+            ('{pod!~"llama-.*"}', {"pod": "x"}, True),
+            ('{zone!="a"}', {}, True),  # a missing label reads as ""
+            ('{zone=""}', {}, True),
+            ("{}", {"a": "b"}, True),
+            ('{a="x\\"y"}', {"a": 'x"y'}, True),
+        ],
+    )
+    def test_prometheus_semantics(self, text: str, labels: dict[str, str], hit: bool) -> None:
+        assert all(m.matches(labels) for m in parse_matchers(text)) is hit
+
+    @pytest.mark.parametrize("bad", ["{a=b}", '{a="x"', '{a=~"("}', '{a="x" b="y"}', "a"])
+    def test_bad_matchers_are_refused(self, bad: str) -> None:
+        with pytest.raises(ValueError, match=r"\S"):
+            parse_matchers(bad)
+
+    def test_a_bad_rule_names_its_key(self) -> None:
+        with pytest.raises(ConfigError, match=r"prometheus\.servers\.0\.match"):
+            fleet_settings("http://127.0.0.1:9", servers=[{"match": "{a=b}"}])
+
+
+class TestShards:
+    def test_the_hash_is_stable(self) -> None:
+        """Not Python's salted hash: the same shard on every replica and every start."""
+        assert [shard_of(f"vllm/10.0.0.{i}:8000", 5) for i in range(8)] == [
+            shard_of(f"vllm/10.0.0.{i}:8000", 5) for i in range(8)
+        ]
+        assert shard_of("vllm/10.0.0.1:8000", 1_000_003) == 7856
+
+    def test_shards_partition_a_fleet(self) -> None:
+        names = [f"llm/pod-{i}" for i in range(3000)]
+        shards = [shard_of(n, 3) for n in names]
+        assert set(shards) == {0, 1, 2}
+        for k in range(3):
+            assert 800 < shards.count(k) < 1200  # roughly even
+
+    def test_index_below_count(self) -> None:
+        with pytest.raises(ConfigError, match="index 2 must be below count 2"):
+            fleet_settings("http://127.0.0.1:9", shard={"index": 2, "count": 2})
+
+
+class TestHardware:
+    def resolver(self, **extra: Any) -> HardwareResolver:
+        return build_hardware_resolver(fleet_settings("http://127.0.0.1:9", **extra))
+
+    def test_dcgm_card_and_gpu_count(self) -> None:
+        r = self.resolver(models={MODEL: LLAMA_8B})
+        rb = r.resolve({"pod": "a"}, MODEL, Card({"NVIDIA H100 80GB HBM3": 2}))
+        assert rb.roofline is not None and rb.ceiling is not None
+        assert rb.roofline.gpu == "2x NVIDIA H100 SXM"
+        assert rb.roofline.tensor_parallel_size == 2
+        assert rb.roofline.memory_bandwidth_gb_s == 3350
+        assert rb.provenance == {
+            "gpu_source": "dcgm (NVIDIA H100 80GB HBM3)",
+            "tensor_parallel_source": "dcgm (2 GPUs in the pod)",
+            "model_source": "model table",
+        }
+
+    def test_a_rule_beats_dcgm_key_by_key(self) -> None:
+        """The rule says the tensor-parallel size (pipeline parallelism doubles the
+        pod's GPUs); the card still comes from DCGM; the rule's model wins the table."""
+        r = self.resolver(
+            servers=[
+                {"match": '{namespace="other"}', "hardware": {"gpu": "L4"}},
+                {
+                    "match": '{namespace="llm", model_name=~".*8B.*"}',
+                    "hardware": {"tensor_parallel_size": 1, "compute_tflops": 400},
+                    "model": {"parameters_billion": 8.03, "dtype": "fp8"},
+                },
+            ],
+            models={MODEL: LLAMA_8B},
+        )
+        rb = r.resolve({"namespace": "llm"}, MODEL, Card({"NVIDIA A100-SXM4-80GB": 2}))
+        assert rb.roofline is not None
+        assert rb.roofline.gpu == "NVIDIA A100 80GB SXM"
+        assert rb.roofline.tensor_parallel_size == 1
+        assert rb.roofline.compute_tflops == 400
+        assert rb.roofline.weight_bytes == pytest.approx(8.03e9, rel=0.01)  # fp8: 1 byte
+        assert rb.provenance == {
+            "gpu_source": "dcgm (NVIDIA A100-SXM4-80GB)",
+            "tensor_parallel_source": "rule 2",
+            "model_source": "rule 2",
+        }
+
+    def test_a_rules_card_replaces_dcgms(self) -> None:
+        r = self.resolver(
+            servers=[{"match": '{pod=~"l4-.*"}', "hardware": {"gpu": "L4"}}],
+            models={MODEL: LLAMA_8B},
+        )
+        rb = r.resolve({"pod": "l4-0"}, MODEL, Card({"NVIDIA H100 80GB HBM3": 1}))
+        assert rb.ceiling is not None and rb.ceiling.gpu == "NVIDIA L4"
+        assert rb.provenance["gpu_source"] == "rule 1"
+        assert rb.provenance["tensor_parallel_source"] == "dcgm (1 GPU in the pod)"
+
+    def test_defaults_when_nothing_is_known(self) -> None:
+        r = self.resolver(top={"hardware": {"gpu": "A10G"}, "model": LLAMA_8B})
+        rb = r.resolve({"pod": "x"}, "another-model", None)
+        assert rb.ceiling is not None and rb.ceiling.gpu == "NVIDIA A10G"
+        assert rb.provenance == {
+            "gpu_source": "settings",
+            "tensor_parallel_source": "settings",
+            "model_source": "settings",
+        }
+        bare = self.resolver().resolve({}, MODEL, None)
+        assert bare.ceiling is None and bare.provenance["gpu_source"] == "none"
+
+    def test_an_unknown_card_falls_back_and_says_so(self) -> None:
+        r = self.resolver(top={"hardware": {"gpu": "A10G"}}, models={MODEL: LLAMA_8B})
+        rb = r.resolve({}, MODEL, Card({"NVIDIA Z9000": 1}))
+        assert rb.ceiling is not None and rb.ceiling.gpu == "NVIDIA A10G"
+        assert rb.provenance["gpu_source"] == (
+            "settings (dcgm's 'NVIDIA Z9000' is not in rules/gpus.yaml)"
+        )
+
+    def test_rulebooks_are_shared(self) -> None:
+        """A fleet of one kind of server builds its rulebook once."""
+        r = self.resolver(models={MODEL: LLAMA_8B})
+        card = Card({"NVIDIA L40S": 1})
+        assert r.resolve({"pod": "a"}, MODEL, card) is r.resolve({"pod": "b"}, MODEL, card)
+
+    def test_a_bad_table_entry_fails_at_start(self, tmp_path: Path) -> None:
+        with pytest.raises(ConfigError, match=r"prometheus\.models\['x'\]"):
+            self.resolver(models={"x": {"config_json": str(tmp_path / "missing.json")}})
+        with pytest.raises(
+            ConfigError, match=r"prometheus\.servers\.0\.hardware\.gpu: unknown GPU"
+        ):
+            self.resolver(servers=[{"match": "{}", "hardware": {"gpu": "Voodoo 3"}}])
+
+    def test_config_json_beside_the_settings(self, tmp_path: Path) -> None:
+        (tmp_path / "llama.json").write_bytes((CONFIGS / "llama-3.1-8b.json").read_bytes())
+        cfg = tmp_path / "triage.yaml"
+        cfg.write_text(
+            "source: prometheus\nprometheus:\n  url: http://127.0.0.1:9\n"
+            f"  models:\n    {MODEL}: {{config_json: llama.json}}\n"
+            "  servers:\n    - match: '{}'\n      model: {config_json: llama.json}\n"
+        )
+        prom = load_settings(cfg).prometheus
+        assert prom is not None
+        assert prom.models[MODEL].config_json == tmp_path / "llama.json"
+        rule_model = prom.servers[0].model
+        assert rule_model is not None and rule_model.config_json == tmp_path / "llama.json"
+
+
+class TestTicks:
+    def test_each_server_gets_the_sidecars_signals_and_diagnosis(self) -> None:
+        """Rows -> totals -> signals gives exactly what the sidecar's window gives."""
+        fake = Fake()
+        fake.servers = {"a:8000": "kv_pressure", "b:8000": "healthy", "c:8000": "queue_bound"}
+        with query_api(fake) as url:
+            settings = fleet_settings(url)
+            source = run_ticks(
+                settings, warm(fake, [NOW - 4 * STEP + STEP * i for i in range(5)]), fake=fake
+            )
+        assert set(source.targets) == {"vllm/a:8000", "vllm/b:8000", "vllm/c:8000"}
+        rulebook = build_rulebook(settings)
+        for instance, scenario in fake.servers.items():
+            view = source.targets[f"vllm/{instance}"].state.view
+            assert view is not None
+            sidecar = without_progress(window_at(scenario, NOW).signals(MODEL))
+            assert view.evaluation.signals[MODEL] == sidecar
+            assert view.evaluation.diagnoses[MODEL].cause == diagnose(sidecar, rulebook).cause
+        causes = {
+            n: [a.cause for a in w.evaluator.incidents.active()] for n, w in source.targets.items()
+        }
+        assert causes == {
+            "vllm/a:8000": ["kv_pressure"],
+            "vllm/b:8000": [],
+            "vllm/c:8000": ["queue_bound"],
+        }
+        # Instant queries on the step grid, POSTed, after one names call a tick; the
+        # query API counted as a target.
+        asked = [f for f in fake.seen if "time" in f]
+        assert {float(f["time"]) % STEP for f in asked} == {0.0}
+        assert len(fake.seen) == 5 * (len(source.queries) + 1)
+        assert {q.key for q in source.queries} >= {"dcgm_gpus", "ttft_bucket"}
+        assert source.api.state.up and source.api.state.scrapes == 5
+
+    def test_dcgm_gives_each_server_its_card_and_memory_activity(self) -> None:
+        fake = Fake()
+        fake.servers = {"a:8000": "decode_bound", "b:8000": "decode_bound"}
+        fake.labels = {
+            "a:8000": {"namespace": "llm", "pod": "a-0"},
+            "b:8000": {"namespace": "llm", "pod": "b-0"},
+        }
+        fake.dcgm = {
+            "a:8000": ("NVIDIA L40S", 1, 0.72),
+            "b:8000": ("NVIDIA H100 80GB HBM3", 2, 0.31),
+        }
+        with query_api(fake) as url:
+            settings = fleet_settings(url, models={MODEL: LLAMA_8B})
+            source = run_ticks(settings, warm(fake, [NOW - STEP, NOW]), fake=fake)
+        a, b = (source.targets[f"vllm/{x}:8000"].state for x in "ab")
+        assert a.ceiling is not None and b.ceiling is not None
+        assert (a.ceiling.gpu, b.ceiling.gpu) == ("NVIDIA L40S", "2x NVIDIA H100 SXM")
+        for st, dram, source_text in ((a, 0.72, "NVIDIA L40S"), (b, 0.31, "NVIDIA H100")):
+            assert st.view is not None
+            assert st.view.evaluation.signals[MODEL].dram_active_mean == dram
+            evidence = st.view.evaluation.diagnoses[MODEL].evidence
+            assert str(evidence["gpu_source"]).startswith(f"dcgm ({source_text}")
+            assert evidence["model_source"] == "model table"
+
+    def test_two_shards_diagnose_every_server_once(self) -> None:
+        fake = Fake()
+        fake.servers = {f"s{i}:8000": "healthy" for i in range(12)}
+        with query_api(fake) as url:
+            shards = [
+                run_ticks(
+                    fleet_settings(url, shard={"index": k, "count": 2}),
+                    warm(fake, [NOW]),
+                    fake=fake,
+                )
+                for k in (0, 1)
+            ]
+        first, second = (set(s.targets) for s in shards)
+        assert first and second and not first & second
+        assert first | second == {f"vllm/s{i}:8000" for i in range(12)}
+        assert all(s.seen == 12 for s in shards)
+        assert shards[0].owned + shards[1].owned == 12
+
+    @pytest.mark.parametrize(
+        ("status", "raw", "reason"),
+        [
+            (500, None, "http_status"),
+            (200, b"<html>not json</html>", "parse"),
+            (200, b'{"status":"error","error":"bad query"}', "parse"),
+            (200, b'{"status":"success","data":{"resultType":"matrix","result":[]}}', "parse"),
+        ],
+    )
+    def test_a_broken_query_api_is_a_counted_failure(
+        self, status: int, raw: bytes | None, reason: str
+    ) -> None:
+        fake = Fake()
+        fake.status, fake.raw = status, raw
+        with query_api(fake) as url:
+            source = run_ticks(fleet_settings(url), [NOW, NOW + STEP])
+        api = source.api.state
+        assert not api.up and api.failures[reason] == 2 and not source.targets
+
+    def test_without_the_names_api_every_naming_is_asked_for(self) -> None:
+        fake = Fake()
+        fake.servers, fake.names_api = {"a:8000": "queue_bound"}, False
+        with query_api(fake) as url:
+            source = run_ticks(fleet_settings(url), warm(fake, [NOW]), fake=fake)
+        assert source.present is None
+        assert any(" or on " in q.promql for q in source.queries)
+        st = source.targets["vllm/a:8000"].state
+        assert st.view is not None
+        want = without_progress(window_at("queue_bound", NOW).signals(MODEL))
+        assert st.view.evaluation.signals[MODEL] == want
+
+    def test_a_dead_query_api_is_a_counted_failure(self) -> None:
+        with query_api(Fake()) as url:
+            pass  # closed again: connections are refused
+        source = run_ticks(fleet_settings(url, timeout_seconds=2), [NOW])
+        assert source.api.state.failures["connect"] == 1
+
+    def test_unusable_rows_are_left_out_and_said(self) -> None:
+        """A NaN row is a problem of its server, counted; the rest of it is judged."""
+        fake = Fake()
+        fake.servers = {"a:8000": "healthy"}
+        answer = fake.answer
+
+        def with_nan(query: str, at: float) -> list[dict[str, Any]]:
+            rows = answer(query, at)
+            for row in rows:
+                if row["key"] == "waiting_mean":
+                    row["value"] = [at, "NaN"]
+            return rows
+
+        fake.answer = with_nan
+        with query_api(fake) as url:
+            source = run_ticks(fleet_settings(url), warm(fake, [NOW]), fake=fake)
+        st = source.targets["vllm/a:8000"].state
+        assert st.series_problems == 1 and st.view is not None
+        assert st.view.evaluation.signals[MODEL].waiting_mean is None
+
+    def test_a_server_that_disappears_is_marked_down(self) -> None:
+        fake = Fake()
+        fake.servers = {"a:8000": "healthy"}
+        with query_api(fake) as url:
+            settings = fleet_settings(url)
+
+            async def go() -> PrometheusSource:
+                times = iter(warm(fake, [NOW - 100, NOW - 95, NOW - 95]))
+                async with httpx.AsyncClient() as client:
+                    source = build_fleet(
+                        settings, client=client, notifier=None, clock=lambda: next(times)
+                    )
+                    fake.learn(source.plan)
+                    await source.tick()
+                    fake.servers.clear()
+                    await source.tick()
+                    await source.tick()  # the same step again: not asked twice
+                return source
+
+            source = asyncio.run(go())
+        state = source.targets["vllm/a:8000"].state
+        assert not state.up and state.failures["absent"] == 1
+        assert len([f for f in fake.seen if "names" in f]) == 2
+
+    def test_a_shard_lets_go_of_restored_incidents_now_anothers(self, tmp_path: Path) -> None:
+        """After the replica count changed, restored incidents of servers now owned by
+        another shard are forgotten here (and their alerts resolved): that shard
+        diagnoses them now."""
+        fake = Fake()
+        fake.servers = {f"s{i}:8000": "kv_pressure" for i in range(6)}
+        with query_api(fake) as url:
+            one = fleet_settings(url, top={"state_dir": str(tmp_path)})
+            store = StateStore.open(tmp_path)
+            assert store is not None
+            run_ticks(
+                one, warm(fake, [NOW - 60 + STEP * i for i in range(13)]), fake=fake, store=store
+            )
+            store.close()
+            store = StateStore.open(tmp_path)
+            assert store is not None
+            before = set(store.restored.incidents)
+            assert len(before) == 6
+            half = fleet_settings(url, shard={"index": 0, "count": 2})
+            source = run_ticks(half, warm(fake, [NOW + STEP]), fake=fake, store=store)
+            mine = {n for n in before if shard_of(n, 2) == 0}
+            assert 0 < len(mine) < 6
+            assert set(source.targets) == mine
+            assert store.restored.incidents == {}
+            store.close()
+        store = StateStore.open(tmp_path)
+        assert store is not None
+        assert set(store.restored.incidents) == mine  # the others' records are gone
+        store.close()

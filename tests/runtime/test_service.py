@@ -1,0 +1,115 @@
+"""The daemon's scheduling and failure handling (daemon/service.py, daemon/scrape/loop.py,
+daemon/target.py), against misbehaving targets on 127.0.0.1."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import structlog
+
+from vllm_triage.config.load import load_settings
+from vllm_triage.config.schema import Settings
+from vllm_triage.simulator import get_scenario
+
+from support.harness import (
+    Answer,
+    metrics_url,
+    refused_port,
+    running_daemon,
+    simulated,
+    target,
+    wait_for,
+)
+from support.paths import VLLM_CAPTURES
+
+FIXTURE = VLLM_CAPTURES
+
+
+def settings_for(*targets: tuple[str, str], **extra: object) -> Settings:
+    return load_settings(
+        flags={
+            "listen": "127.0.0.1:0",
+            "interval_seconds": 0.3,
+            "targets": [{"name": n, "url": u} for n, u in targets],
+            **extra,
+        }
+    )
+
+
+class TestScheduling:
+    def test_a_hanging_target_skips_its_own_ticks_and_delays_no_other(self) -> None:
+        """A target slower than the interval: its overlapping ticks are skipped and counted;
+        a healthy target beside it is scraped on every tick meanwhile."""
+        with (
+            target(delay=2.0) as slow,
+            simulated(get_scenario("healthy"), speed=1.0) as sim,
+        ):
+            settings = settings_for(
+                ("slow", slow), ("fast", metrics_url(sim)), scrape_timeout_seconds=1.5
+            )
+            with running_daemon(settings) as daemon:
+                slow_state, fast_state = (w.state for w in daemon.targets)
+                time.sleep(3.0)
+                skipped = slow_state.skipped_ticks
+                fast_scrapes = fast_state.scrapes
+                metrics = httpx.get(daemon.url + "/metrics", timeout=5).text
+        assert skipped >= 3
+        assert fast_scrapes >= 8  # 3 s at 0.3 s: ~10 ticks, none lost to the slow target
+        assert fast_state.up and not fast_state.failures
+        assert slow_state.failures["timeout"] >= 1
+        assert 'vllm_triage_scrape_skipped_total{target="slow"}' in metrics
+        assert 'vllm_triage_scrape_failures_total{reason="timeout",target="slow"}' in metrics
+
+
+class TestFailures:
+    def test_each_failure_is_counted_by_reason_and_logged_once(self) -> None:
+        garbage = b"\x00\xff not metrics at all \x89PNG"
+        dead = f"http://127.0.0.1:{refused_port()}/metrics"
+        with (
+            target(status=500) as err,
+            target(body=garbage) as junk,
+            structlog.testing.capture_logs() as logs,
+        ):
+            settings = settings_for(("err", err), ("junk", junk), ("dead", dead))
+            with running_daemon(settings) as daemon:
+                states = {w.state.name: w.state for w in daemon.targets}
+                wait_for(lambda: all(s.scrapes >= 4 for s in states.values()), timeout=15)
+                assert daemon.ready
+                ready = httpx.get(daemon.url + "/readyz", timeout=5).status_code
+            assert not daemon.ready
+        assert ready == 200  # readiness does not depend on the targets
+        assert states["err"].failures["http_status"] >= 4
+        assert states["junk"].failures["parse"] >= 4
+        assert states["dead"].failures["connect"] >= 4
+        assert not any(s.up for s in states.values())
+        failed = [e for e in logs if e["event"] == "scrape_failed"]
+        # Rate-limited: the first failure of each target is logged, the next ones are not
+        # (within a minute), though every one is counted.
+        assert sorted(e["target"] for e in failed) == ["dead", "err", "junk"]
+        assert {e["reason"] for e in failed} == {"http_status", "parse", "connect"}
+
+    def test_a_recovering_target_logs_its_recovery(self) -> None:
+        answer = Answer(status=503)
+        good = (FIXTURE / "kvwarden-vllm-0.19.1-v1.txt").read_bytes()
+        with (
+            target(answer) as url,
+            structlog.testing.capture_logs() as logs,
+            running_daemon(settings_for(("t", url))) as daemon,
+        ):
+            state = daemon.targets[0].state
+            wait_for(lambda: state.failures["http_status"] >= 2, timeout=10)
+            answer.status, answer.body = 200, good
+            wait_for(lambda: state.up, timeout=10)
+        events = [e["event"] for e in logs if e.get("target") == "t"]
+        assert events.count("scrape_failed") == 1
+        assert events.index("scrape_failed") < events.index("scrape_recovered")
+
+    def test_a_body_over_the_limit_is_refused(self) -> None:
+        big = b"# " + b"x" * 4096 + b"\n"
+        with target(body=big * 64) as huge:
+            settings = settings_for(("huge", huge), max_body_bytes=65536)
+            with running_daemon(settings) as daemon:
+                state = daemon.targets[0].state
+                wait_for(lambda: state.failures["too_large"] >= 2, timeout=10)
+        assert "larger than 65536 bytes" in state.last_error

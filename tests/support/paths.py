@@ -1,0 +1,19 @@
+"""Where things are: the checkout, the test tree and its committed fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: The checkout's root (pyproject.toml, daemon/, rules/, deploy/, docs/).
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ROOT / "tests"
+FIXTURES = TESTS / "fixtures"
+CONFIGS = FIXTURES / "configs"
+RECORDINGS = FIXTURES / "recordings"
+SCENARIO_FIXTURES = FIXTURES / "scenarios"
+VLLM_CAPTURES = FIXTURES / "vllm"
+ALERTMANAGER = FIXTURES / "alertmanager"
+#: The real-vLLM suite's folder: its settings files are also the recordings' settings.
+REALVLLM = TESTS / "system" / "realvllm"
+#: The bundled scenarios (rules/scenarios/*.yaml).
+BUNDLED_SCENARIOS = ROOT / "rules" / "scenarios"
