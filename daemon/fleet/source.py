@@ -49,6 +49,7 @@ from vllm_triage.errors import ScrapeError
 from vllm_triage.fleet.hardware import Card, HardwareResolver
 from vllm_triage.fleet.queries import NAMES_REGEX, FleetQuery, QueryPlan, inner
 from vllm_triage.fleet.signals import Fleet, Server, totals
+from vllm_triage.logs import Throttle
 from vllm_triage.net.bounded import request
 from vllm_triage.net.redact import safe_url
 from vllm_triage.notify.notifier import Notifier
@@ -160,6 +161,8 @@ class PrometheusSource:
         self._headers = dict(parts.headers)
         self._last: float | None = None
         self._said_left_out = False
+        # Rows a proxy mangled arrive every tick: said once a minute, counted always.
+        self._unusable = Throttle()
         self._release_foreign()
 
     def owns(self, name: str) -> bool:
@@ -307,7 +310,16 @@ class PrometheusSource:
         self._last = at
         self.last_rows = fleet.rows
         if fleet.unusable:
-            log.warning("fleet_rows_unusable", rows=fleet.unusable, of=fleet.rows)
+            self.api.state.series_problems += fleet.unusable
+            if self._unusable.due():
+                log.warning(
+                    "fleet_rows_unusable",
+                    rows=fleet.unusable,
+                    of=fleet.rows,
+                    held_back=self._unusable.held,
+                    why="labels that are not strings",
+                )
+                self._unusable.logged()
         with cyclic_gc_paused():
             self._judge(fleet, at)
 

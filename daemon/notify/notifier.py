@@ -30,6 +30,11 @@ log = structlog.get_logger("vllm_triage.notifier")
 ALL_ACTIVE = "*"
 
 
+#: What a tick sends: repeats, and what a receiver was never told (one added to the
+#: configuration while an incident fires hears of it, as Alertmanager's would).
+DUE_AT_TICK = frozenset({NotifyReason.REPEAT, NotifyReason.FIRST})
+
+
 class Notifier:
     """Turns transitions into notifications and hands them to each receiver's ``Delivery``."""
 
@@ -155,13 +160,13 @@ class Notifier:
             policy = d.receiver.policy
             if d.receiver.batches:
                 last = self.log.get((d.name, ALL_ACTIVE))
-                due = needs_update(last, "firing", now, policy) is NotifyReason.REPEAT
+                due = needs_update(last, "firing", now, policy) in DUE_AT_TICK
                 if due and self.active:
                     self._send(d, list(self.active.values()), now)
                 continue
             for key, alert in self.active.items():
                 last = self.log.get((d.name, key))
-                if needs_update(last, "firing", now, policy) is NotifyReason.REPEAT:
+                if needs_update(last, "firing", now, policy) in DUE_AT_TICK:
                     self._send(d, [alert], now)
                     self._told((d.name, key), LastSent("firing", now, last.cause if last else ""))
 

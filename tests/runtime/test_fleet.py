@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import math
+import tracemalloc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ from urllib.parse import parse_qs
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from vllm_triage.assemble import (
     build_fleet,
@@ -673,3 +675,85 @@ class TestTicks:
         assert store is not None
         assert set(store.restored.incidents) == mine  # the others' records are gone
         store.close()
+
+
+class TestHostileAnswers:
+    """What a proxy, a middleware or a too-broad selector can put in the query API's
+    answers: each is counted and said, and never stops the other servers' judgement."""
+
+    def test_a_row_whose_label_is_a_number_is_left_out_not_the_tick(self) -> None:
+        """Before: one row with ``"model_name": 7`` raised TypeError naming the server: no
+        server was judged, nothing counted, ``target_up`` kept its last value. Now the row
+        is unusable (counted on the query API's ``series_unusable_total``, one log line a
+        minute), and every server is judged."""
+        fake = Fake()
+        fake.servers = {"a:8000": "healthy", "b:8000": "queue_bound"}
+        answer = fake.answer
+
+        def one_bad_row(query: str, at: float) -> list[dict[str, Any]]:
+            rows = answer(query, at)
+            if rows and rows[0]["key"] == "running_mean":
+                rows.append({"metric": {"instance": "c:8000", "model_name": 7}, "value": [at, "1"]})
+            return rows
+
+        fake.answer = one_bad_row  # type: ignore[method-assign]
+        times = warm(fake, [NOW - 2 * STEP, NOW - STEP, NOW])
+        with query_api(fake) as url, capture_logs() as logs:
+            source = run_ticks(fleet_settings(url), times, fake=fake)
+        api = source.api.state
+        said = [e for e in logs if e["event"] == "fleet_rows_unusable"]
+        assert api.up and api.scrapes == 3 and not api.failures
+        assert api.series_problems == 3 and len(said) == 1
+        for name in ("vllm/a:8000", "vllm/b:8000"):
+            assert source.targets[name].state.view is not None
+        causes = {
+            n: [a.cause for a in t.evaluator.incidents.active()] for n, t in source.targets.items()
+        }
+        assert causes["vllm/b:8000"] == ["queue_bound"]
+
+    def test_a_dcgm_card_name_of_a_megabyte_costs_a_label_value(self) -> None:
+        """Before: a 1 MB ``modelName`` that changed each tick wrote a 1 MB log line per
+        tick, rode into the evidence, the API and the store, and grew memory by about 5 MB
+        a tick (caches keyed by it never forgot). Now it is cut to the label bound where it
+        is read, and the caches keyed by it have a size."""
+        fake = Fake()
+        fake.servers = {"a:8000": "decode_bound"}
+        fake.labels = {"a:8000": {"namespace": "llm", "pod": "a-0"}}
+        times = warm(fake, [NOW - 60 + STEP * i for i in range(13)])
+        cards = iter(f"{i:04d}" + "X" * 2**20 for i in range(len(times) * 2))
+        answer = fake.answer
+
+        def new_name_each_tick(query: str, at: float) -> list[dict[str, Any]]:
+            if fake.keys.get(query) == "dcgm_gpus":
+                fake.dcgm["a:8000"] = (next(cards), 1, 0.5)
+            return answer(query, at)
+
+        fake.answer = new_name_each_tick  # type: ignore[method-assign]
+        fake.dcgm["a:8000"] = ("first", 1, 0.5)
+        with query_api(fake) as url, capture_logs() as logs:
+            tracemalloc.start()
+            source = run_ticks(fleet_settings(url, models={MODEL: LLAMA_8B}), times, fake=fake)
+            held_mb = tracemalloc.get_traced_memory()[0] / 2**20
+            tracemalloc.stop()
+        st = source.targets["vllm/a:8000"].state
+        assert st.view is not None
+        evidence = json.dumps(st.view.evaluation.diagnoses[MODEL].evidence, default=str)
+        longest_log = max(len(json.dumps(e, default=str)) for e in logs)
+        print(f"FIGURE dcgm-name: held_mb={held_mb:.1f} longest_log={longest_log}")
+        assert "X" * 200 not in evidence and longest_log < 2000
+        # 13 ticks of a new 1 MB name: what stays is bounded by the caches, not the ticks.
+        assert held_mb < 6, f"{held_mb:.1f} MB held after 13 ticks"
+
+    def test_a_fleet_over_max_servers_judges_that_many_and_says_so_once(self) -> None:
+        """Before: no bound (20,000 servers: 1.4 GB, 20,000 alerts, a 128 MB API document).
+        Now at most ``max_servers`` (the ones already judged first, then by name); the rest
+        are counted (``vllm_triage_fleet_servers_left_out``) and said once."""
+        fake = Fake()
+        fake.servers = {f"s{i}:8000": "healthy" for i in range(8)}
+        times = warm(fake, [NOW - STEP, NOW])
+        with query_api(fake) as url, capture_logs() as logs:
+            source = run_ticks(fleet_settings(url, max_servers=5), times, fake=fake)
+        said = [e for e in logs if e["event"] == "fleet_servers_left_out"]
+        assert set(source.targets) == {f"vllm/s{i}:8000" for i in range(5)}
+        assert source.api.state.servers_left_out == 3
+        assert len(said) == 1 and said[0]["left_out"] == 3 and said[0]["judged"] == 5

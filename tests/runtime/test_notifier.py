@@ -10,10 +10,12 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from structlog.testing import capture_logs
 
 from vllm_triage.assemble import build_notifier, unnamed_receiver
 from vllm_triage.config.load import load_settings
@@ -22,6 +24,7 @@ from vllm_triage.core.alerts import GO_ZERO_TIME, fingerprint, go_time
 from vllm_triage.core.model import Cause, Diagnosis, Reason, Transition
 from vllm_triage.notify.delivery import Delivery
 from vllm_triage.notify.receivers import VALID_FOR_RESENDS
+from vllm_triage.store import StateStore
 
 EXTERNAL = "http://triage.example:9468"
 TARGET = "gpu-0"
@@ -230,6 +233,51 @@ class TestWebhook:
         assert [b["status"] for b in bodies] == ["firing"] * 3
         assert len({b["alerts"][0]["fingerprint"] for b in bodies}) == 1
         assert bodies[2]["alerts"][0]["startsAt"] == go_time(T0)
+
+    def test_a_receiver_added_while_an_incident_fires_hears_of_it(
+        self, client: httpx.AsyncClient, tmp_path: Path
+    ) -> None:
+        """Restarted with one more receiver while an incident fires: the new one is told at
+        the next tick (it was never told), the old one is not told twice."""
+        old, new = webhook(url="http://127.0.0.1:9/old"), webhook(url="http://127.0.0.1:9/new")
+        store = StateStore.open(tmp_path)
+        assert store is not None
+        first = build_notifier(settings(old), client, EXTERNAL, store)
+        first.notify(TARGET, [fire()], now=T0)
+        store.close()
+        store = StateStore.open(tmp_path)
+        assert store is not None
+        second = build_notifier(settings(new, old), client, EXTERNAL, store)
+        second.tick(T0 + 5)
+        second.tick(T0 + 10)
+        told, kept = second.deliveries
+        assert [b["status"] for b in queued(told)] == ["firing"]
+        assert [b["status"] for b in queued(kept)] == ["firing"]  # its pending one, once
+        store.close()
+
+    def test_an_outbox_restored_over_queue_size_is_one_log_line(
+        self, client: httpx.AsyncClient, tmp_path: Path
+    ) -> None:
+        """Before: restoring an outbox over ``queue_size`` wrote one error line per dropped
+        row (99,000 lines at start). Now the oldest are dropped as a full queue drops them,
+        counted, and said in one line with the first and last dropped."""
+        store = StateStore.open(tmp_path)
+        assert store is not None
+        first = build_notifier(settings(webhook()), client, EXTERNAL, store)
+        with first.batch():
+            for i in range(500):
+                first.notify(TARGET, [fire(model=f"m{i}")], now=T0 + i)
+        store.close()
+        store = StateStore.open(tmp_path)
+        assert store is not None
+        with capture_logs() as logs:
+            (d,) = build_notifier(
+                settings(webhook(queue_size=10)), client, EXTERNAL, store
+            ).deliveries
+        dropped = [e for e in logs if "dropped" in e["event"]]
+        assert len(dropped) == 1 and d.stats.dropped == 490, dropped
+        assert queued(d)[0]["alerts"][0]["labels"]["model_name"] == "m490"
+        store.close()
 
     def test_no_repeat_after_resolve(self, client: httpx.AsyncClient) -> None:
         n = build_notifier(settings(webhook(repeat_interval_seconds=600)), client, EXTERNAL)

@@ -7,6 +7,8 @@ and the hostile servers it is pointed at (on 127.0.0.1)."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import gzip
 import json
 import resource
 import subprocess
@@ -14,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +102,21 @@ class Daemon:
         except (httpx.HTTPError, ValueError):
             pass  # not answering, or an error page instead of metrics
         return 0.0
+
+    def total(self, name: str, **labels: str) -> float:
+        """The sum of a metric's samples that carry ``labels`` (0 when absent)."""
+        out = 0.0
+        try:
+            for family in text_string_to_metric_families(self.metrics()):
+                for s in family.samples:
+                    if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                        out += float(s.value)
+        except (httpx.HTTPError, ValueError):
+            pass  # not answering, or an error page instead of metrics
+        return out
+
+    def api(self, path: str) -> Any:
+        return httpx.get(self.url + path, timeout=5).json()
 
     def until(self, check: Callable[[], bool], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -246,3 +264,29 @@ def cli(*args: str, timeout: float = 30) -> tuple[int, str, float, float]:
     first, _, rest = done.stdout.partition(b"\n")
     rc, seconds, peak = first.decode().split()
     return int(rc), rest.decode(errors="replace"), float(seconds), float(peak)
+
+
+@functools.cache
+def gzip_bomb(layers: int) -> bytes:
+    """1 GiB of zeros, gzipped ``layers`` times (one layer: about 1 MB; two: a few KB)."""
+    z = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    zeros = bytes(2**20)
+    data = b"".join(z.compress(zeros) for _ in range(1024)) + z.flush()
+    for _ in range(layers - 1):
+        data = gzip.compress(data, 9)
+    return data
+
+
+class Endless:
+    """200, then bytes without end (until the client hangs up, or 4 GB); ``pushed``
+    counts what got out."""
+
+    def __init__(self) -> None:
+        self.pushed = 0
+
+    def __call__(self, x: Exchange) -> None:
+        x.begin(200, {"Content-Type": "application/json"})
+        chunk = b"x" * 65536
+        while self.pushed < 4 * 2**30:
+            x.write(chunk)
+            self.pushed += len(chunk)

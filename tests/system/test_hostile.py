@@ -11,8 +11,6 @@ that take more than about ten seconds are marked ``slow`` (``pytest -m slow``).
 
 from __future__ import annotations
 
-import functools
-import gzip
 import json
 import os
 import resource
@@ -20,7 +18,6 @@ import socket
 import subprocess
 import sys
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,10 +35,12 @@ from support.daemonproc import (
     HEALTHZ_S,
     RSS_MB,
     SECRET,
+    Endless,
     body,
     cli,
     failures,
     figure,
+    gzip_bomb,
     redirect,
     run_daemon,
     target,
@@ -76,17 +75,6 @@ def test_a_40000_digit_value_costs_milliseconds_and_never_freezes_healthz(
 
 
 # -- 2. decompression ------------------------------------------------------------------------
-
-
-@functools.cache
-def gzip_bomb(layers: int) -> bytes:
-    """1 GiB of zeros, gzipped ``layers`` times (one layer: about 1 MB; two: a few KB)."""
-    z = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    zeros = bytes(2**20)
-    data = b"".join(z.compress(zeros) for _ in range(1024)) + z.flush()
-    for _ in range(layers - 1):
-        data = gzip.compress(data, 9)
-    return data
 
 
 @pytest.mark.slow
@@ -127,21 +115,6 @@ def test_gzip_bombs_inflate_only_up_to_the_body_limit(tmp_path: Path) -> None:
 
 
 # -- 3. and 5. receivers: an endless answer, a redirect --------------------------------------
-
-
-class Endless:
-    """200, then bytes without end (until the client hangs up, or 4 GB); ``pushed``
-    counts what got out."""
-
-    def __init__(self) -> None:
-        self.pushed = 0
-
-    def __call__(self, x: Exchange) -> None:
-        x.begin(200, {"Content-Type": "application/json"})
-        chunk = b"x" * 65536
-        while self.pushed < 4 * 2**30:
-            x.write(chunk)
-            self.pushed += len(chunk)
 
 
 @dataclass
