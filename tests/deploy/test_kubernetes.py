@@ -27,10 +27,10 @@ import yaml
 from vllm_triage.config.load import load_settings
 from vllm_triage.serve.listener import split_listen
 
-from support import k8s_rules
 from support.paths import ROOT
 
 KDIR = ROOT / "deploy" / "kubernetes"
+RULES = ROOT / "rules" / "prometheus" / "vllm-triage.rules.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
 KUBERNETES_VERSION = "1.31.0"
 CORE = ("configmap.yaml", "deployment.yaml", "service.yaml")
@@ -168,17 +168,8 @@ class TestValidate:
 
     def test_prometheusrule_groups_are_the_rules_files(self) -> None:
         pr = one("prometheusrule.yaml", "PrometheusRule")
-        rules = yaml.safe_load(k8s_rules.RULES.read_text(encoding="utf-8"))
+        rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
         assert pr["spec"]["groups"] == rules["groups"]
-
-    def test_prometheusrule_is_what_k8s_rules_writes(self) -> None:
-        """`python tests/support/k8s_rules.py` regenerates it byte for byte."""
-        assert k8s_rules.MANIFEST == KDIR / "prometheusrule.yaml"
-        assert k8s_rules.MANIFEST.read_text(encoding="utf-8") == k8s_rules.render()
-
-    def test_render_refuses_rules_without_groups(self) -> None:
-        with pytest.raises(ValueError, match="groups"):
-            k8s_rules.render("rule_files: []\n")
 
     @pytest.mark.prometheus
     def test_prometheusrule_groups_pass_promtool(self, tmp_path: Path) -> None:
