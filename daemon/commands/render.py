@@ -10,6 +10,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from vllm_triage.config.schema import Settings
+from vllm_triage.render.templates import Objectives
+
 DESCRIPTION = """\
 Write vllm-triage's Prometheus rules (recording rules and alerts: the diagnosis in
 PromQL) or its Grafana dashboard with the SLOs and thresholds of the settings: rules/
@@ -60,6 +63,24 @@ def origin(config: str | None) -> str:
     return ", ".join(parts)
 
 
+def objectives_of(settings: Settings, where: str) -> Objectives:
+    """What the rendered files judge by, from the settings (``where``: their origin)."""
+    slo, th = settings.slo, settings.thresholds
+    return Objectives(
+        ttft_p99_seconds=slo.ttft_p99_seconds,
+        itl_p99_seconds=slo.itl_p99_seconds,
+        waiting_requests=slo.waiting_requests,
+        queue_share_of_ttft=th.queue_share_of_ttft,
+        prefill_dominant_share=th.prefill_dominant_share,
+        itl_spike_ratio=th.itl_spike_ratio,
+        near_ceiling_ratio=th.near_ceiling_ratio,
+        roofline_impossible_ratio=th.roofline_impossible_ratio,
+        stall_after_seconds=th.stall_after_seconds,
+        open_after=settings.incident.open_after,
+        origin=where,
+    )
+
+
 def write(path: Path, text: str) -> None:
     """Replace ``path`` whole: a Prometheus or Grafana reloading meanwhile never reads a
     half-written file."""
@@ -75,26 +96,13 @@ def write(path: Path, text: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vllm_triage.config.load import load_settings
-    from vllm_triage.render.templates import Objectives, dashboard, prometheusrule, rules
+    from vllm_triage.render.templates import dashboard, prometheusrule, rules
 
     if args.what == "dashboard" and args.format != "rules":
         print("vllm-triage render: error: --format is for `render rules`", file=sys.stderr)
         return 2
     settings = load_settings(args.config)  # a ConfigError is reported by the CLI: exit 2
-    slo, th = settings.slo, settings.thresholds
-    objectives = Objectives(
-        ttft_p99_seconds=slo.ttft_p99_seconds,
-        itl_p99_seconds=slo.itl_p99_seconds,
-        waiting_requests=slo.waiting_requests,
-        queue_share_of_ttft=th.queue_share_of_ttft,
-        prefill_dominant_share=th.prefill_dominant_share,
-        itl_spike_ratio=th.itl_spike_ratio,
-        near_ceiling_ratio=th.near_ceiling_ratio,
-        roofline_impossible_ratio=th.roofline_impossible_ratio,
-        stall_after_seconds=th.stall_after_seconds,
-        open_after=settings.incident.open_after,
-        origin=origin(args.config),
-    )
+    objectives = objectives_of(settings, origin(args.config))
     if args.what == "dashboard":
         text = dashboard(objectives)
     elif args.format == "prometheusrule":
