@@ -115,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         write(Path(args.output), text)
     except OSError as exc:
-        print(f"vllm-triage render: cannot write {args.output}: {exc}", file=sys.stderr)
+        # strerror, not the exception: it would name the temporary file, not the output.
+        reason = exc.strerror or type(exc).__name__
+        print(f"vllm-triage render: cannot write {args.output}: {reason}", file=sys.stderr)
         return 2
     print(f"wrote {args.output}", file=sys.stderr)
     return 0
