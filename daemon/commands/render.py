@@ -9,9 +9,11 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from vllm_triage.config.schema import Settings
-from vllm_triage.render.templates import Objectives
+if TYPE_CHECKING:  # imported when run: `vllm-triage --help` need not load pydantic
+    from vllm_triage.config.schema import Settings
+    from vllm_triage.render.templates import Objectives
 
 DESCRIPTION = """\
 Write vllm-triage's Prometheus rules (recording rules and alerts: the diagnosis in
@@ -56,15 +58,22 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def origin(config: str | None) -> str:
     """Where the numbers came from, for the generated file's first line: file names only
     (no directories, so the text does not depend on where it was rendered)."""
+    from vllm_triage.config.load import service_links
+
     parts = ["rules/defaults.yaml"]
     if config is not None:
         parts.append(Path(config).name)
-    parts.extend(sorted(k for k in os.environ if k.upper().startswith("VLLM_TRIAGE_")))
+    links = service_links(os.environ)  # a Service's, not settings
+    parts.extend(
+        sorted(k for k in os.environ if k.upper().startswith("VLLM_TRIAGE_") and k not in links)
+    )
     return ", ".join(parts)
 
 
 def objectives_of(settings: Settings, where: str) -> Objectives:
     """What the rendered files judge by, from the settings (``where``: their origin)."""
+    from vllm_triage.render.templates import Objectives
+
     slo, th = settings.slo, settings.thresholds
     return Objectives(
         ttft_p99_seconds=slo.ttft_p99_seconds,

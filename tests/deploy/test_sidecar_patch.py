@@ -168,6 +168,24 @@ class TestTheOneParameter:
         assert str(target.url) == "http://127.0.0.1:8000/metrics"
 
 
+def test_the_readmes_deploy_section_starts_with_the_patch() -> None:
+    """The first thing Deploy says is how to join a running vLLM, with commands whose
+    files exist and whose name is the patch's."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    deploy = readme.split("\n## Deploy\n", 1)[1].split("\n## ", 1)[0]
+    first = deploy.strip().split("\n\n", 1)[0]
+    assert "sidecar-patch.yaml" in first and "Deployment" in first
+    block = deploy.split("```sh\n", 1)[1].split("```", 1)[0]
+    name = load(PATCH)["metadata"]["name"]
+    assert block.splitlines() == [
+        "kubectl apply -f deploy/kubernetes/configmap.yaml",
+        f"kubectl patch deployment {name} --patch-file deploy/kubernetes/sidecar-patch.yaml",
+    ]
+    for word in block.split():
+        if word.startswith("deploy/"):
+            assert (ROOT / word).is_file(), word
+
+
 class TestKustomization:
     def test_a_component_with_the_configmap_and_the_patch(self) -> None:
         kust = load(KDIR / "kustomization.yaml")
