@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from prometheus_client import generate_latest
@@ -25,6 +26,7 @@ from vllm_triage.render import templates
 from vllm_triage.render.templates import Objectives, dashboard, number, prometheusrule, rules
 from vllm_triage.serve.exporter import build_registry
 
+from support.harness import refused_port, running_daemon
 from support.paths import ROOT
 
 RULES = ROOT / "rules" / "prometheus" / "vllm-triage.rules.yaml"
@@ -207,6 +209,21 @@ class TestTheDaemonExportsItsSlo:
         assert got[("vllm_triage_slo_seconds", (("slo", "itl_p99"),))] == 0.024
         assert got[("vllm_triage_slo_seconds", (("slo", "ttft_p99"),))] == 2.0
         assert got[("vllm_triage_slo_waiting_requests", ())] == 1.0
+
+    def test_the_running_daemon_serves_its_settings(self) -> None:
+        """Wired by the assembly: `run` with an ITL SLO of 24 ms says so at /metrics."""
+        settings = load_settings(
+            flags={
+                "listen": "127.0.0.1:0",
+                "state_dir": None,
+                "slo": {"itl_p99_seconds": 0.024},
+                "targets": [{"name": "t", "url": f"http://127.0.0.1:{refused_port()}/metrics"}],
+            }
+        )
+        with running_daemon(settings) as daemon:
+            text = httpx.get(daemon.url + "/metrics", timeout=5).text
+        assert 'vllm_triage_slo_seconds{slo="itl_p99"} 0.024' in text
+        assert 'vllm_triage_slo_seconds{slo="ttft_p99"} 2.0' in text
 
     def test_none_without_slo(self) -> None:
         registry = build_registry(lambda: [], lambda: [], process_metrics=False)
