@@ -273,6 +273,30 @@ class TestTheSimulatedStack:
         assert "0.1" not in json.dumps(itl["fieldConfig"]) + itl["title"]
 
 
+class TestEveryStackAgrees:
+    """Wherever a daemon's settings ship beside rules, the rules judge by those settings
+    (the header may differ: it names the file the numbers came from)."""
+
+    def test_the_gpu_compose_stack(self, tmp_path: Path) -> None:
+        stack = yaml.safe_load((COMPOSE / "compose.yaml").read_text(encoding="utf-8"))
+        [rules_dir] = [
+            v.split(":")[0] for v in stack["services"]["prometheus"]["volumes"]
+            if v.split(":")[1] == "/etc/prometheus/rules"
+        ]  # fmt: skip
+        mounted = (COMPOSE / rules_dir / "vllm-triage.rules.yaml").read_text(encoding="utf-8")
+        settings = objectives_of(load_settings(COMPOSE / "triage.yaml"), "x")
+        assert groups(mounted) == groups(rules(settings))
+
+    def test_the_kubernetes_sidecar(self, tmp_path: Path) -> None:
+        configmap = yaml.safe_load(
+            (ROOT / "deploy" / "kubernetes" / "configmap.yaml").read_text(encoding="utf-8")
+        )
+        path = tmp_path / "triage.yaml"
+        path.write_text(configmap["data"]["triage.yaml"], encoding="utf-8")
+        manifest = yaml.safe_load(PROMETHEUSRULE.read_text(encoding="utf-8"))
+        assert manifest["spec"]["groups"] == groups(rules(objectives_of(load_settings(path), "x")))
+
+
 class TestTemplates:
     def test_numbers_read_back(self) -> None:
         assert [number(x) for x in (2.0, 0.1, 0.024, 1e-5, 45, 1.25)] == [
