@@ -1,6 +1,9 @@
 # vllm-triage: the sidecar image.
 #   docker build -t vllm-triage .
 #   docker run --read-only -p 9468:9468 -v ./triage.yaml:/etc/vllm-triage/triage.yaml:ro vllm-triage
+# For a cluster (no image is published): build, push to a registry it pulls from, and name
+# that image in deploy/kubernetes/sidecar-patch.yaml:
+#   docker build -t registry.example.com/ml/vllm-triage:0.1.0 . && docker push registry.example.com/ml/vllm-triage:0.1.0
 #
 # Two stages: the build stage installs the package into a virtual environment; the final
 # stage copies only that environment onto a fresh slim base (no pip cache, no sources).

@@ -1,5 +1,5 @@
 """Benchmark: the daemon's peak resident memory under the largest scrape its bounds allow,
-for the sidecar's memory limit (deploy/kubernetes/deployment.yaml, docs/deploy.md).
+for the sidecar's memory limit (deploy/kubernetes/sidecar-patch.yaml, docs/deploy.md).
 
 What can grow, and what bounds it (defaults, rules/defaults.yaml and daemon/config/schema.py):
 

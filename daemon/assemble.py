@@ -27,7 +27,7 @@ import structlog
 
 from vllm_triage.ceiling.sizing import ModelSize
 from vllm_triage.config.auth import auth_headers
-from vllm_triage.config.rulebook import Rulebooks, ceiling_of, model_size_of
+from vllm_triage.config.rulebook import Rulebooks, ceiling_of, model_size_of, slo_of
 from vllm_triage.config.schema import (
     PrometheusSourceSettings,
     ReceiverSettings,
@@ -374,7 +374,7 @@ def build_daemon(
 
     rows, interval = settings_rows(settings), settings.interval_seconds
     endpoints = Endpoints(
-        build_registry(states, deliveries, store=store_status),
+        build_registry(states, deliveries, store=store_status, slo=slo_of(settings.slo)),
         states,
         ready,
         clock,

@@ -25,6 +25,7 @@ from vllm_triage.commands import (
     check_config,
     demo,
     record,
+    render,
     replay,
     report,
     run,
@@ -44,6 +45,7 @@ examples:
   vllm-triage report rec/ --config triage.yaml --out report.html
   vllm-triage ceiling --parameters-billion 8 --dtype bfloat16 --gpu H100
   vllm-triage check-config --config triage.yaml
+  vllm-triage render rules --config triage.yaml      the Prometheus rules with your SLOs
 
 Settings come from rules/defaults.yaml, then --config FILE, then VLLM_TRIAGE_* variables
 (nested keys with __, e.g. VLLM_TRIAGE_SLO__TTFT_P99_SECONDS=1.5).
@@ -99,7 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_global_flags(parser, on_subcommand=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in (demo, run, check, simulate, record, replay, report, ceiling, check_config):
+    for command in (
+        demo,
+        run,
+        check,
+        simulate,
+        record,
+        replay,
+        report,
+        ceiling,
+        check_config,
+        render,
+    ):
         command.add_parser(sub)
     for subparser in sub.choices.values():
         add_global_flags(subparser, on_subcommand=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import reprlib
 import types
 from collections.abc import Mapping
@@ -127,17 +128,42 @@ def _env_names(model: type[BaseModel], prefix: str) -> tuple[set[str], set[str]]
     return names, open_prefixes
 
 
+#: The variables Kubernetes puts in every container of a pod for each Service of its
+#: namespace (``enableServiceLinks``, on by default): ``{SVC}_SERVICE_HOST``,
+#: ``{SVC}_SERVICE_PORT[_{PORT NAME}]``, ``{SVC}_PORT`` and ``{SVC}_PORT_{N}_{PROTO}[_...]``.
+_SERVICE_LINK = re.compile(
+    r"^(?:SERVICE_HOST|SERVICE_PORT(?:_[A-Z0-9_]+)?"
+    r"|PORT(?:_\d+_(?:TCP|UDP|SCTP)(?:_(?:PROTO|PORT|ADDR))?)?)$"
+)
+
+
+def service_links(environ: Mapping[str, str]) -> set[str]:
+    """The variables of ``environ`` that Kubernetes set for a Service: a Service named
+    ``vllm-triage-...`` in the namespace (the fleet's, an example's) gives every pod
+    ``VLLM_TRIAGE_..._SERVICE_HOST`` and its kin, which are not settings and must not stop
+    a sidecar from starting. Only the kin of a ``{SVC}_SERVICE_HOST`` that is set count,
+    so a misspelt setting ending in ``_PORT`` is still refused."""
+    hosts = [v.removesuffix("_SERVICE_HOST") for v in environ if v.endswith("_SERVICE_HOST")]
+    return {
+        var
+        for var in environ
+        for host in hosts
+        if var.startswith(f"{host}_") and _SERVICE_LINK.match(var[len(host) + 1 :])
+    }
+
+
 def unknown_environment() -> list[str]:
     """One line per ``VLLM_TRIAGE_*`` variable no setting reads, with a did-you-mean:
     refused, because a misspelt variable would silently change nothing."""
     prefix = "VLLM_TRIAGE_"
     names, open_prefixes = _env_names(Settings, prefix)
     out = []
+    links = service_links(os.environ)
     for var in sorted(os.environ):
         upper = var.upper()
         if not upper.startswith(prefix) or upper in names:
             continue
-        if any(upper.startswith(p) for p in open_prefixes):
+        if any(upper.startswith(p) for p in open_prefixes) or var in links:
             continue
         out.append(f"  {var}: unknown variable" + _did_you_mean(upper, sorted(names)))
     return out

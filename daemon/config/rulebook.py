@@ -153,6 +153,15 @@ def leaves_model_to_table(m: ModelSettings) -> bool:
     return m.config_json is None and not said
 
 
+def slo_of(slo: SloSettings) -> Slo:
+    """The core's SLO from the settings' ``slo`` section (also what the daemon exports)."""
+    return Slo(
+        ttft_p99_seconds=slo.ttft_p99_seconds,
+        itl_p99_seconds=slo.itl_p99_seconds,
+        waiting_requests=slo.waiting_requests,
+    )
+
+
 #: Served model names whose rulebooks one target keeps (bounded: a target names its
 #: models, and a hostile one could name a new one every scrape).
 CACHED_MODELS = 64
@@ -164,11 +173,7 @@ class Rulebooks:
     ``RulebookFactory``); a target's evaluator one function of it (``served_names``)."""
 
     def __init__(self, slo: SloSettings, thresholds: ThresholdSettings) -> None:
-        self._slo = Slo(
-            ttft_p99_seconds=slo.ttft_p99_seconds,
-            itl_p99_seconds=slo.itl_p99_seconds,
-            waiting_requests=slo.waiting_requests,
-        )
+        self._slo = slo_of(slo)
         th = thresholds
         self._thresholds = Thresholds(
             min_observations=th.min_observations,

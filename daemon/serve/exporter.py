@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from vllm_triage import __version__
 from vllm_triage.core.model import CAUSES, Quantile, Signals
 from vllm_triage.core.names import label_value
+from vllm_triage.core.rulebook import Slo
 from vllm_triage.core.signals import INCONSISTENT_RESETS
 from vllm_triage.state import ReceiverView, StoreStatus, TargetState
 
@@ -194,10 +195,12 @@ class TriageCollector(Collector):
         targets: Callable[[], Sequence[TargetState]],
         deliveries: Callable[[], Sequence[ReceiverView]],
         store: Callable[[], StoreStatus | None] = lambda: None,
+        slo: Slo | None = None,
     ) -> None:
         self._targets = targets
         self._deliveries = deliveries
         self._store = store
+        self._slo = slo
 
     def collect(self) -> Iterable[Metric]:
         targets = list(self._targets())
@@ -209,6 +212,7 @@ class TriageCollector(Collector):
         yield from self._probes(targets)
         yield from self._notifications()
         yield from self._state_store()
+        yield from self._objectives()
         info = GaugeMetricFamily(
             P + "build_info", "vllm-triage's version.", labels=("version", "python_version")
         )
@@ -447,6 +451,27 @@ class TriageCollector(Collector):
             pending.add_metric((d.name,), d.pending)
         yield from (sent, retried, failed, dropped, pending)
 
+    def _objectives(self) -> Iterator[Metric]:
+        """The SLOs this daemon judges by, so that a dashboard draws the very lines the
+        incidents were opened against (not a number typed into the panel)."""
+        if self._slo is None:
+            return
+        seconds = GaugeMetricFamily(
+            P + "slo_seconds",
+            "The latency SLO each evaluation is judged by (slo.*_seconds): p99 above it "
+            "is a breach.",
+            labels=("slo",),
+        )
+        seconds.add_metric(("ttft_p99",), self._slo.ttft_p99_seconds)
+        seconds.add_metric(("itl_p99",), self._slo.itl_p99_seconds)
+        waiting = GaugeMetricFamily(
+            P + "slo_waiting_requests",
+            "Mean requests waiting over the window that counts as sustained queueing "
+            "(slo.waiting_requests).",
+        )
+        waiting.add_metric((), self._slo.waiting_requests)
+        yield from (seconds, waiting)
+
     def _state_store(self) -> Iterator[Metric]:
         """Only when the daemon keeps state (``state_dir``)."""
         status = self._store()
@@ -471,13 +496,15 @@ def build_registry(
     deliveries: Callable[[], Sequence[ReceiverView]],
     *,
     store: Callable[[], StoreStatus | None] = lambda: None,
+    slo: Slo | None = None,
     process_metrics: bool = True,
 ) -> CollectorRegistry:
     """A registry of our own: no platform collectors from the global one. The daemon's own
     CPU and memory (process_*), for its resource limits, unless ``process_metrics`` is off
-    (the golden file leaves them out: they differ on every run)."""
+    (the golden file leaves them out: they differ on every run). ``slo``: the SLOs the
+    daemon judges by, exported as gauges."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(TriageCollector(targets, deliveries, store))
+    registry.register(TriageCollector(targets, deliveries, store, slo))
     if process_metrics:
         ProcessCollector(registry=registry)
     return registry

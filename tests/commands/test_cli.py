@@ -169,6 +169,9 @@ class TestVersion:
             if p.parent != source
         }
         assert wings <= set(names), sorted(wings - set(names))
+        # The data files each wing reads when installed: `render`'s templates among them.
+        for template in ("vllm-triage.rules.yaml.tmpl", "vllm-triage.json.tmpl"):
+            assert f"vllm_triage/render/assets/{template}" in names, template
 
 
 class TestMisspeltVariables:

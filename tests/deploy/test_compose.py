@@ -117,7 +117,7 @@ class TestStacks:
         assert grace >= settings.shutdown_grace_seconds + 5
         limit = service["deploy"]["resources"]["limits"]["memory"]
         deployment = yaml.safe_load_all(
-            (ROOT / "deploy" / "kubernetes" / "deployment.yaml").read_text(encoding="utf-8")
+            (ROOT / "deploy" / "kubernetes" / "sidecar-patch.yaml").read_text(encoding="utf-8")
         )
         pod = next(d for d in deployment if d and d["kind"] == "Deployment")["spec"]["template"]
         sidecar = next(c for c in pod["spec"]["initContainers"] if c["name"] == "vllm-triage")

@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_triage.assemble import build_evaluator, build_rulebook
 from vllm_triage.config.load import load_settings
+from vllm_triage.config.rulebook import slo_of
 from vllm_triage.config.schema import ReceiverSettings
 from vllm_triage.core.model import CAUSES
 from vllm_triage.core.names import SAMPLES
@@ -197,7 +198,8 @@ def exported() -> dict[str, set[str]]:
         async with httpx.AsyncClient() as client:
             receiver = ReceiverSettings(type="alertmanager_webhook", url="http://127.0.0.1:9/h")
             deliveries = [Delivery(build_receiver("ops", receiver, "http://x:9468"), client)]
-            registry = build_registry(lambda: [state], lambda: deliveries)
+            slo = slo_of(load_settings().slo)
+            registry = build_registry(lambda: [state], lambda: deliveries, slo=slo)
             return generate_latest(registry).decode("utf-8")
 
     text = asyncio.run(main())
@@ -439,27 +441,39 @@ class TestDisplay:
     @pytest.mark.parametrize(
         ("metric", "slo"),
         [
-            ("vllm_triage_ttft_p99_seconds", "ttft_p99_seconds"),
-            ("vllm_triage_itl_p99_seconds", "itl_p99_seconds"),
+            ("vllm_triage_ttft_p99_seconds", "ttft_p99"),
+            ("vllm_triage_itl_p99_seconds", "itl_p99"),
         ],
     )
-    def test_slo_threshold_lines(self, panels: list[dict[str, Any]], metric: str, slo: str) -> None:
-        """Panels showing a p99 with an SLO line draw it at the shipped default SLO."""
-        target = float(yaml.safe_load(DEFAULTS.read_text(encoding="utf-8"))["slo"][slo])
-        lined = [
-            p
-            for p in panels
-            if metric in panel_names(p)
-            and p["fieldConfig"]["defaults"]
-            .get("custom", {})
-            .get("thresholdsStyle", {})
-            .get("mode")
-            == "line"
-        ]
-        assert lined, f"no panel draws the {slo} SLO as a line"
-        for p in lined:
-            steps = p["fieldConfig"]["defaults"]["thresholds"]["steps"]
-            assert target in [s["value"] for s in steps], (p["title"], steps)
+    def test_slo_lines_are_the_daemons_gauge(
+        self, panels: list[dict[str, Any]], metric: str, slo: str
+    ) -> None:
+        """Every panel showing a p99 draws its SLO from the daemon's own gauge (of the
+        daemons watching the chosen targets), as a red dashed series: not a number typed
+        into the panel, which a daemon with another SLO would contradict. No static
+        threshold line beside it, and no number in the title."""
+        shown = [p for p in panels if metric in panel_names(p)]
+        assert shown, f"no panel shows {metric}"
+        for p in shown:
+            [line] = [t for t in p["targets"] if "vllm_triage_slo_seconds" in t["expr"]]
+            [sel] = [s for s in selectors(line["expr"]) if s.name == "vllm_triage_slo_seconds"]
+            assert sel.matchers == {"slo": ("=", slo)}, p["title"]
+            [up] = [s for s in selectors(line["expr"]) if s.name == "vllm_triage_target_up"]
+            assert up.matchers == {"target": ("=~", "$target")}, p["title"]
+            [override] = [
+                o
+                for o in p["fieldConfig"]["overrides"]
+                if o["matcher"] == {"id": "byName", "options": line["legendFormat"]}
+            ]
+            props = {x["id"]: x["value"] for x in override["properties"]}
+            assert props["color"] == {"mode": "fixed", "fixedColor": "red"}, p["title"]
+            assert props["custom.lineStyle"]["fill"] == "dash", p["title"]
+            defaults = p["fieldConfig"]["defaults"]
+            assert defaults["custom"]["thresholdsStyle"]["mode"] == "off", p["title"]
+            assert [x["value"] for x in defaults["thresholds"]["steps"]] == [None]
+            assert not re.search(
+                r"\d", p["title"].replace("p99", "").replace("p50", "").replace("p90", "")
+            ), p["title"]
 
     def test_units_follow_the_metric_names(self, panels: list[dict[str, Any]]) -> None:
         """Seconds in s; ratios and vLLM's fractions in percentunit; tokens/s in short;

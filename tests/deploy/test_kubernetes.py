@@ -1,4 +1,8 @@
-"""deploy/kubernetes/: the manifests parse, validate, and agree with the code and the image.
+"""deploy/kubernetes/ (the sidecar patch, its ConfigMap, the rules) and the whole example
+deploy/examples/kubernetes-full/ (a vLLM Deployment the patch joins): the manifests parse,
+validate, and agree with the code and the image. The pod checked here is the example's
+Deployment with sidecar-patch.yaml applied (``support.smp``, as kubectl and kustomize apply
+it); tests/deploy/test_sidecar_patch.py checks the patch itself against other Deployments.
 
 The core objects (ConfigMap, Deployment, Service) are validated against Kubernetes 1.31's
 OpenAPI schemas by kubernetes-validate (strict: unknown fields are errors). It has no
@@ -24,32 +28,45 @@ from typing import Any
 import pytest
 import yaml
 
+from vllm_triage.commands.render import objectives_of, origin
 from vllm_triage.config.load import load_settings
+from vllm_triage.render.templates import prometheusrule
 from vllm_triage.serve.listener import split_listen
 
-from support import k8s_rules
+from support import smp
 from support.paths import ROOT
 
 KDIR = ROOT / "deploy" / "kubernetes"
+EXAMPLE = ROOT / "deploy" / "examples" / "kubernetes-full"
+RULES = ROOT / "rules" / "prometheus" / "vllm-triage.rules.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
 KUBERNETES_VERSION = "1.31.0"
-CORE = ("configmap.yaml", "deployment.yaml", "service.yaml")
-LABEL = {"app.kubernetes.io/name": "vllm"}
+#: Our own objects' label, and the example's (which selects no pod of a user's).
+LABEL = {"app.kubernetes.io/name": "vllm-triage"}
+EXAMPLE_LABEL = {"app.kubernetes.io/name": "vllm-triage-example"}
 MANIFESTS = sorted(p.name for p in KDIR.glob("*.yaml"))
+EXAMPLE_MANIFESTS = sorted(p.name for p in EXAMPLE.glob("*.yaml"))
 
 
-def docs(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((KDIR / name).read_text(encoding="utf-8")) if d]
+def docs(name: str, folder: Path = KDIR) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((folder / name).read_text(encoding="utf-8")) if d]
 
 
-def one(name: str, kind: str) -> dict[str, Any]:
-    found = [d for d in docs(name) if d.get("kind") == kind]
+def one(name: str, kind: str, folder: Path = KDIR) -> dict[str, Any]:
+    found = [d for d in docs(name, folder) if d.get("kind") == kind]
     assert len(found) == 1, f"{name}: expected one {kind}, found {len(found)}"
     return found[0]
 
 
+def example_deployment() -> dict[str, Any]:
+    """The example's Deployment as applied: its vLLM with the sidecar patch merged in."""
+    return smp.apply(
+        one("deployment.yaml", "Deployment", EXAMPLE), one("sidecar-patch.yaml", "Deployment")
+    )
+
+
 def pod_spec() -> dict[str, Any]:
-    spec: dict[str, Any] = one("deployment.yaml", "Deployment")["spec"]["template"]["spec"]
+    spec: dict[str, Any] = example_deployment()["spec"]["template"]["spec"]
     return spec
 
 
@@ -100,40 +117,53 @@ def kubernetes_validate() -> str:
 
 
 class TestFiles:
-    @pytest.mark.parametrize("name", MANIFESTS)
-    def test_parses(self, name: str) -> None:
-        found = docs(name)
+    @pytest.mark.parametrize(
+        ("folder", "name"),
+        [(KDIR, n) for n in MANIFESTS] + [(EXAMPLE, n) for n in EXAMPLE_MANIFESTS],
+        ids=[*MANIFESTS, *(f"example/{n}" for n in EXAMPLE_MANIFESTS)],
+    )
+    def test_parses(self, folder: Path, name: str) -> None:
+        found = docs(name, folder)
         assert found, f"{name} is empty"
         for doc in found:
             assert {"apiVersion", "kind"} <= doc.keys(), name
 
-    def test_kustomization_lists_every_manifest(self) -> None:
-        kust = one("kustomization.yaml", "Kustomization")
+    def test_the_example_kustomization_lists_every_manifest(self) -> None:
+        kust = one("kustomization.yaml", "Kustomization", EXAMPLE)
         listed = kust["resources"]
         assert len(listed) == len(set(listed)), listed
-        assert sorted(listed) == sorted(set(MANIFESTS) - {"kustomization.yaml"})
+        assert sorted(listed) == sorted(set(EXAMPLE_MANIFESTS) - {"kustomization.yaml"})
 
-    def test_kustomization_is_namespace_agnostic_with_the_common_label(self) -> None:
-        kust = one("kustomization.yaml", "Kustomization")
-        assert "namespace" not in kust
-        assert [entry["pairs"] for entry in kust["labels"]] == [LABEL]
-        for name in MANIFESTS:
-            for doc in docs(name):
-                assert "namespace" not in doc.get("metadata", {}), name
-                if doc["kind"] != "Kustomization":
-                    assert doc["metadata"]["labels"].items() >= LABEL.items(), name
+    def test_namespace_agnostic_and_labelled(self) -> None:
+        """No file sets a namespace; ours carry vllm-triage's label, the example's its own
+        (never a `vllm` label that could select a user's pods)."""
+        for folder, names, label in (
+            (KDIR, MANIFESTS, LABEL),
+            (EXAMPLE, EXAMPLE_MANIFESTS, EXAMPLE_LABEL),
+        ):
+            for name in names:
+                for doc in docs(name, folder):
+                    assert "namespace" not in doc.get("metadata", {}), name
+                    assert "namespace" not in doc, name
+                    if doc["kind"] in (
+                        "ConfigMap",
+                        "PrometheusRule",
+                        "Deployment",
+                        "Service",
+                        "PodMonitor",
+                    ) and name not in ("sidecar-patch.yaml", "sidecar-remove.yaml"):
+                        assert doc["metadata"]["labels"].items() >= label.items(), name
 
 
 class TestValidate:
-    def test_core_objects_pass_kubernetes_validate(self) -> None:
+    def test_core_objects_pass_kubernetes_validate(self, tmp_path: Path) -> None:
+        """The ConfigMap, the example's Service and the example's Deployment with the
+        sidecar merged in: what the API server would be sent."""
+        merged = tmp_path / "deployment.yaml"
+        merged.write_text(yaml.safe_dump(example_deployment()), encoding="utf-8")
+        files = [KDIR / "configmap.yaml", EXAMPLE / "service.yaml", merged]
         result = subprocess.run(
-            [
-                kubernetes_validate(),
-                "--strict",
-                "-k",
-                KUBERNETES_VERSION,
-                *(str(KDIR / name) for name in CORE),
-            ],
+            [kubernetes_validate(), "--strict", "-k", KUBERNETES_VERSION, *map(str, files)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -142,14 +172,14 @@ class TestValidate:
         out = result.stdout + result.stderr
         assert result.returncode == 0, out
         # Each resource was checked against a schema, not skipped for want of one.
-        assert out.count("passed for resource") == len(CORE), out
+        assert out.count("passed for resource") == len(files), out
 
     def test_podmonitor(self) -> None:
-        pm = one("podmonitor.yaml", "PodMonitor")
+        pm = one("podmonitor.yaml", "PodMonitor", EXAMPLE)
         assert pm["apiVersion"] == "monitoring.coreos.com/v1"
         assert pm["metadata"]["name"]
         spec = pm["spec"]
-        template = one("deployment.yaml", "Deployment")["spec"]["template"]
+        template = example_deployment()["spec"]["template"]
         assert spec["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
         assert set(spec["selector"]) == {"matchLabels"}
         ports = named_ports()
@@ -166,19 +196,17 @@ class TestValidate:
         assert pr["metadata"]["name"] == "vllm-triage"
         assert set(pr["spec"]) == {"groups"}
 
+    def test_prometheusrule_is_what_render_writes(self) -> None:
+        """`vllm-triage render rules --format prometheusrule` with the defaults writes it
+        byte for byte."""
+        assert (KDIR / "prometheusrule.yaml").read_text(encoding="utf-8") == prometheusrule(
+            objectives_of(load_settings(), origin(None))
+        )
+
     def test_prometheusrule_groups_are_the_rules_files(self) -> None:
         pr = one("prometheusrule.yaml", "PrometheusRule")
-        rules = yaml.safe_load(k8s_rules.RULES.read_text(encoding="utf-8"))
+        rules = yaml.safe_load(RULES.read_text(encoding="utf-8"))
         assert pr["spec"]["groups"] == rules["groups"]
-
-    def test_prometheusrule_is_what_k8s_rules_writes(self) -> None:
-        """`python tests/support/k8s_rules.py` regenerates it byte for byte."""
-        assert k8s_rules.MANIFEST == KDIR / "prometheusrule.yaml"
-        assert k8s_rules.MANIFEST.read_text(encoding="utf-8") == k8s_rules.render()
-
-    def test_render_refuses_rules_without_groups(self) -> None:
-        with pytest.raises(ValueError, match="groups"):
-            k8s_rules.render("rule_files: []\n")
 
     @pytest.mark.prometheus
     def test_prometheusrule_groups_pass_promtool(self, tmp_path: Path) -> None:
@@ -414,14 +442,14 @@ class TestWorkloadAndService:
         assert pod_spec()["enableServiceLinks"] is False
 
     def test_selectors_match_the_pod(self) -> None:
-        deployment = one("deployment.yaml", "Deployment")
+        deployment = example_deployment()
         labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
-        service = one("service.yaml", "Service")
+        service = one("service.yaml", "Service", EXAMPLE)
         assert service["spec"]["selector"].items() <= labels.items()
 
     def test_service_ports(self) -> None:
-        ports = {p["name"]: p for p in one("service.yaml", "Service")["spec"]["ports"]}
+        ports = {p["name"]: p for p in one("service.yaml", "Service", EXAMPLE)["spec"]["ports"]}
         assert set(ports) == {"http", "triage-metrics"}
         assert ports["http"]["port"] == 8000
         assert ports["triage-metrics"]["port"] == 9468

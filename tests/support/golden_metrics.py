@@ -21,6 +21,7 @@ from prometheus_client import generate_latest
 
 from vllm_triage.assemble import build_scraped
 from vllm_triage.config.load import load_settings
+from vllm_triage.config.rulebook import slo_of
 from vllm_triage.config.schema import ReceiverSettings, TargetSettings
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.notify.delivery import Delivery
@@ -69,7 +70,8 @@ def render() -> str:
     receiver = ReceiverSettings(type="alertmanager_webhook", url="http://127.0.0.1:9/hook")
     # Nothing is sent: the exporter only reads the delivery's counters (all zero here).
     ds = [Delivery(build_receiver("ops", receiver, "http://127.0.0.1:9468"), httpx.AsyncClient())]
-    registry = build_registry(lambda: states, lambda: ds, process_metrics=False)
+    slo = slo_of(load_settings(CONFIG).slo)
+    registry = build_registry(lambda: states, lambda: ds, slo=slo, process_metrics=False)
     text = generate_latest(registry).decode("utf-8")
     return _BUILD_INFO.sub(r'\1{python_version="(pinned)",version="(pinned)"}', text)
 
