@@ -159,7 +159,8 @@ WINGS: dict[str, set[str]] = {
     "notify": {"core", "config", "net", "state", "store"} | LEAVES,
     "target": {"core", "logs", "notify", "state", "store"},
     "scrape": {"core", "config", "net", "logs", "state", "target"} | LEAVES,
-    "fleet": {"core", "config", "ceiling", "net", "notify", "state", "store", "target"} | LEAVES,
+    "fleet": {"core", "config", "ceiling", "net", "logs", "notify", "state", "store", "target"}
+    | LEAVES,
     "serve": {"core", "page", "net", "state"} | LEAVES,
     "recording": {"core", "page", "net"} | LEAVES,
     "service": {"fleet", "notify", "scrape", "serve", "state", "store", "target"} | LEAVES,
