@@ -37,7 +37,7 @@ EXPECTED = {
 
 
 #: Recordings of the engine's progress, replayed with STALL_CONFIG: every cause that fires.
-PROGRESS = {"stall": ["stalled"], "restart": []}
+PROGRESS = {"stall": ["stalled"], "restart": [], "dp-stall": ["stalled"]}
 
 
 def transitions(name: str, config: Path) -> list[Transition]:
@@ -77,6 +77,24 @@ def test_a_stopped_engine_is_stalled_in_time_and_resolves_after() -> None:
     ev = opened.diagnosis.evidence
     assert ev["requests_running"] == 8.0 and ev["seconds_without_progress"] >= 22.0
     assert "iterations" in str(ev["progress_series_checked"])
+
+
+def test_one_stopped_engine_of_two_is_stalled_and_named() -> None:
+    """--data-parallel-size 2, 8 decoding streams over both engines, then engine 1's
+    process (``VLLM::EngineCore_DP1``) stopped for a minute while engine 0 served on: the
+    merged counters kept moving, and still stalled fires in time naming engine 1, and
+    resolves after it continues."""
+    meta = json.loads((RECORDINGS / "dp-stall" / "RECORDED.json").read_text())
+    stopped, resumed = meta["stopped_at"], meta["resumed_at"]
+    after = load_settings(STALL_CONFIG).thresholds.stall_after_seconds
+    out = transitions("dp-stall", STALL_CONFIG)
+    assert [(t.event, t.cause) for t in out] == [("firing", "stalled"), ("resolved", "stalled")]
+    opened, closed = out
+    assert stopped < opened.at <= stopped + after + 2 * 2.0
+    assert resumed < closed.at <= resumed + 4 * 2.0
+    ev = opened.diagnosis.evidence
+    assert list(ev["stalled_engines"]) == ["1"] and ev["engines_stalled"] == "1 of 2 engines"
+    assert "--data-parallel-size" in meta["flags"]
 
 
 @pytest.mark.parametrize("name", [*EXPECTED, "restart"])

@@ -10,6 +10,7 @@ is installed.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -39,6 +40,9 @@ class ServerFlags:
     max_num_batched_tokens: int
     kv_cache_memory_bytes: int
     max_model_len: int
+    #: Engines behind the one API server (``--data-parallel-size``): each its own
+    #: ``EngineCore_DP<rank>`` process, its series labelled ``engine="<rank>"``.
+    data_parallel_size: int = 1
 
     def args(self) -> list[str]:
         return [
@@ -46,6 +50,8 @@ class ServerFlags:
             "--max-num-batched-tokens", str(self.max_num_batched_tokens),
             "--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes),
             "--max-model-len", str(self.max_model_len),
+            *(["--data-parallel-size", str(self.data_parallel_size)]
+              if self.data_parallel_size > 1 else []),
         ]  # fmt: skip
 
 
@@ -124,20 +130,27 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def engine_core_pid(server: Server) -> int:
-    """The pid of the server's engine process: vLLM V1 runs the engine in a child of the
-    API server, titled ``VLLM::EngineCore`` (setproctitle rewrites its command line)."""
-    found = []
+def engine_core_pids(server: Server) -> dict[str, int]:
+    """The pids of the server's engine processes by data-parallel rank: vLLM V1 runs each
+    engine in a child of the API server, titled ``VLLM::EngineCore`` (one engine) or
+    ``VLLM::EngineCore_DP<rank>`` (setproctitle rewrites its command line)."""
+    found: dict[str, int] = {}
     for pid in _children(server.process.pid):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if b"EngineCore" in cmdline:
-            found.append(pid)
+        title = re.search(rb"EngineCore(?:_DP(\d+))?", cmdline)
+        if title is not None:
+            found[(title.group(1) or b"0").decode()] = pid
+    return found
+
+
+def engine_core_pid(server: Server) -> int:
+    found = engine_core_pids(server)
     if len(found) != 1:
         raise RuntimeError(f"expected one EngineCore process under {server.process.pid}: {found}")
-    return found[0]
+    return next(iter(found.values()))
 
 
 @contextmanager

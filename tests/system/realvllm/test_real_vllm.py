@@ -38,6 +38,7 @@ from system.realvllm.server import (
     Server,
     ServerFlags,
     engine_core_pid,
+    engine_core_pids,
     free_port,
     kill,
     running_vllm,
@@ -242,6 +243,74 @@ class TestStandardServer:
         closed = [t for t in out if t.event == "resolved"]
         assert [t.cause for t in closed] == ["stalled"]
         assert closed[0].at > resumed_at
+
+
+#: Two engines behind one API server, each with STANDARD's seats and half its pool.
+DATA_PARALLEL = ServerFlags(
+    max_num_seqs=96,
+    max_num_batched_tokens=2048,
+    kv_cache_memory_bytes=128 * MIB,
+    max_model_len=4096,
+    data_parallel_size=2,
+)
+
+
+class TestDataParallel:
+    """--data-parallel-size 2 on the CPU build: two EngineCore processes behind one API
+    server, every engine series labelled with its rank."""
+
+    def test_one_stopped_engine_of_two_is_stalled_and_named(
+        self, tiny_model: Path, logs: Path, tmp_path: Path
+    ) -> None:
+        """8 decoding streams spread over both engines, then engine 1's process is
+        stopped (SIGSTOP) for a minute while engine 0 keeps serving: the server's merged
+        counters still move, and still stalled fires, first and alone, naming engine 1
+        ("1 of 2 engines"), within stall_after_seconds plus two scrapes of the stop; it
+        resolves once engine 1 runs again."""
+        rec = tmp_path / "dp-stall"
+        before, hang, after = 20.0, STALL_SECONDS, 25.0
+        with running_vllm(tiny_model, DATA_PARALLEL, logs) as server:
+            engines = engine_core_pids(server)
+            assert sorted(engines) == ["0", "1"], engines
+            recorder = start_recorder(
+                server.metrics_url, rec, tmp_path / "record-dp.log", 3 + before + hang + after + 8
+            )
+            try:
+                time.sleep(3)
+                load = Load(server, "stall", before + hang + after)
+                time.sleep(before)
+                stopped_at = time.time()
+                os.kill(engines["1"], signal.SIGSTOP)
+                try:
+                    time.sleep(hang)
+                finally:
+                    os.kill(engines["1"], signal.SIGCONT)
+                resumed_at = time.time()
+                ok, failed, errors = load.join(timeout=before + hang + after + 300)
+                recorder.wait(timeout=before + hang + after + 60)
+            finally:
+                os.kill(engines["1"], signal.SIGCONT)
+                if recorder.poll() is None:
+                    recorder.kill()
+        saved = os.environ.get("TRIAGE_TEST_SAVE_RECORDINGS")
+        if saved:
+            save_trimmed(
+                rec,
+                Path(saved) / "dp-stall",
+                DATA_PARALLEL,
+                {"load": "stall", "stopped_at": stopped_at, "resumed_at": resumed_at},
+            )
+        assert ok > 0 and failed == 0, f"{ok} ok, {failed} failed: {dict(errors)}"
+        out = transitions(rec, STALL_CONFIG)
+        assert [t.cause for t in out if t.event == "firing"] == ["stalled"]
+        opened = next(t for t in out if t.event == "firing")
+        evidence = opened.diagnosis.evidence
+        assert list(evidence["stalled_engines"]) == ["1"], evidence
+        assert evidence["engines_stalled"] == "1 of 2 engines", evidence
+        after_s = load_settings(STALL_CONFIG).thresholds.stall_after_seconds
+        assert stopped_at < opened.at <= stopped_at + after_s + 2 * 1.0 + 0.5
+        closed = [t for t in out if t.event == "resolved"]
+        assert [t.cause for t in closed] == ["stalled"] and closed[0].at > resumed_at
 
 
 #: How long the engine is stopped: longer than stall_after_seconds (30 s) plus the time
