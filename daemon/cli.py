@@ -29,6 +29,7 @@ from vllm_triage.commands import (
     report,
     run,
     simulate,
+    whatif,
 )
 from vllm_triage.errors import ConfigError, RecordingError
 from vllm_triage.logs import configure
@@ -42,6 +43,7 @@ examples:
   vllm-triage record http://127.0.0.1:8000/metrics --out rec/ --interval 5 --duration 600
   vllm-triage replay rec/ --config triage.yaml --format json
   vllm-triage report rec/ --config triage.yaml --out report.html
+  vllm-triage whatif rec/ --config triage.yaml --change kv_cache_dtype=fp8
   vllm-triage ceiling --parameters-billion 8 --dtype bfloat16 --gpu H100
   vllm-triage check-config --config triage.yaml
 
@@ -99,7 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_global_flags(parser, on_subcommand=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in (demo, run, check, simulate, record, replay, report, ceiling, check_config):
+    for command in (
+        demo,
+        run,
+        check,
+        simulate,
+        record,
+        replay,
+        report,
+        whatif,
+        ceiling,
+        check_config,
+    ):
         command.add_parser(sub)
     for subparser in sub.choices.values():
         add_global_flags(subparser, on_subcommand=True)
