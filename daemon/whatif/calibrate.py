@@ -207,15 +207,24 @@ def _floor_estimate(obs: Observed) -> float:
 # -- the load ------------------------------------------------------------------------------
 
 
-def scenario(obs: Observed, server: Server, *, scale: float = 1.0, replicas: int = 1) -> Scenario:
-    """The window's load on ``server``: a warm-up at the admission rate, then the window's
-    arrivals interval by interval (``scale`` x, over ``replicas`` servers)."""
+def scenario(
+    obs: Observed, server: Server, *, scale: float = 1.0, replicas: int = 1, backlog: bool = True
+) -> Scenario:
+    """The window's load on ``server``: a warm-up, then the window's arrivals interval by
+    interval (``scale`` x, over ``replicas`` servers).
+
+    With ``backlog`` (the server as it was, or only its load scaled) the warm-up runs at
+    the admission rate and the queue the window began with arrives at its start: the
+    replay starts where the recording stood. Without (a server changed in capacity), the
+    warm-up runs at the window's arrival rate and builds whatever queue the changed
+    server builds: a server with twice the capacity would not have had the old backlog.
+    """
     s = obs.signals
     prompt, output = _lengths(s)
     share = scale / replicas
     admitted = s.ttft_count / s.span_seconds if s.span_seconds > 0 else 0.0
     life = (s.prefill_time_mean or 0.0) + (s.decode_time_mean or 0.0)
-    warm = min(120.0, max(10.0, 1.5 * life))
+    warm = min(120.0, max(10.0, 3.0 * life))
 
     def load(rate: float, seed: int, burst: int = 0) -> Workload:
         return Workload(
@@ -227,13 +236,12 @@ def scenario(obs: Observed, server: Server, *, scale: float = 1.0, replicas: int
             seed=seed,
         )
 
-    phases = [Phase(warm, load(admitted * share, 0))]
-    backlog = round(obs.waiting_first * share)
+    arriving = obs.arrivals / obs.span_seconds if obs.span_seconds > 0 else admitted
+    phases = [Phase(warm, load((admitted if backlog else arriving) * share, 0))]
+    queued = round(obs.waiting_first * share) if backlog else 0
     for index, (seconds, arrivals) in enumerate(obs.intervals):
         phases.append(
-            Phase(
-                seconds, load(arrivals / seconds * share, index + 1, backlog if index == 0 else 0)
-            )
+            Phase(seconds, load(arrivals / seconds * share, index + 1, 0 if index else queued))
         )
     return Scenario(name="whatif", spec=server.spec, phases=tuple(phases), model_name=obs.model)
 
@@ -245,9 +253,10 @@ def replay(
     *,
     scale: float = 1.0,
     replicas: int = 1,
+    backlog: bool = True,
 ) -> Signals | None:
     """The load on ``server``, measured as the recording was: the last window's signals."""
-    sc = scenario(obs, server, scale=scale, replicas=replicas)
+    sc = scenario(obs, server, scale=scale, replicas=replicas, backlog=backlog)
     interval = obs.span_seconds / len(obs.intervals) if obs.intervals else 5.0
     driver = Driver(evaluator())
     last: Signals | None = None
@@ -410,7 +419,10 @@ def whatif(
         notes.extend(more)
         scale = float(changes.get("arrival_rate_scale", 1.0))
         replicas = int(changes.get("replicas", 1))
-        after = measured(replay(obs, server, evaluator, scale=scale, replicas=replicas))
+        same = set(changes) <= {"arrival_rate_scale"}
+        after = measured(
+            replay(obs, server, evaluator, scale=scale, replicas=replicas, backlog=same)
+        )
     return Result(
         obs=obs,
         changes=dict(changes),
