@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from support.scenarios import write_recording
 from vllm_triage.assemble import build_evaluator
 from vllm_triage.demo.offline import scenario_settings
 from vllm_triage.simulator import Phase, Scenario, ServerSpec, Workload, server_spec
 from vllm_triage.whatif.calibrate import Result, measured, whatif
 from vllm_triage.whatif.changes import parse_changes
 from vllm_triage.whatif.window import read_window
+
+from support.scenarios import write_recording
 
 DURATION = 150.0
 GIB = 1024**3
@@ -77,15 +78,23 @@ def _pairs() -> dict[str, tuple[Scenario, Scenario, str, str]]:
     queue = _scenario(capped, *QUEUE)
     half_rate, prompt, output = QUEUE[0] / 2, QUEUE[1], QUEUE[2]
     return {
-        "fp8-kv-cache": (decode, _scenario(fp8_kv, *DECODE), "kv_cache_dtype=fp8",
-                         "decode_step_seconds"),
+        "fp8-kv-cache": (
+            decode,
+            _scenario(fp8_kv, *DECODE),
+            "kv_cache_dtype=fp8",
+            "decode_step_seconds",
+        ),
         "fp8-weights": (decode, _scenario(fp8_w, *DECODE), "dtype=fp8", "decode_step_seconds"),
         "twice-the-sequences": (
-            queue, _scenario(_spec(max_num_seqs=64), *QUEUE), "max_num_seqs=64",
+            queue,
+            _scenario(_spec(max_num_seqs=64), *QUEUE),
+            "max_num_seqs=64",
             "generation_tokens_per_second",
         ),
         "one-more-replica": (
-            queue, _scenario(capped, half_rate, prompt, output), "replicas=2",
+            queue,
+            _scenario(capped, half_rate, prompt, output),
+            "replicas=2",
             "generation_tokens_per_second",
         ),
         "another-card": (decode, _scenario(h200, *DECODE), "gpu=H200", "decode_step_seconds"),
