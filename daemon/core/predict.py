@@ -129,6 +129,10 @@ def queue_state(s: Signals) -> Queue | None:
     pool = kv_seats(s)
     if pool is not None:
         seats = pool if seats is None else min(seats, pool)
+    if (s.waiting_max or 0.0) <= 0 and s.running_max and seats is not None:
+        # Nothing waited: the server held every request it was sent, so it has at least
+        # the seats that ran (the pool's count is of finished sizes, not of mid-life ones).
+        seats = max(seats, s.running_max)
     if (s.waiting_min or 0.0) > 0 and admitted > 0:
         capacity, source = admitted, "admissions while requests waited all window"
     elif seats is not None and life is not None:
