@@ -29,7 +29,7 @@ from vllm_triage.ceiling.gpus import find_gpu
 from vllm_triage.ceiling.pool import GIB
 from vllm_triage.ceiling.sizing import bytes_per_param
 from vllm_triage.core import roofline
-from vllm_triage.core.drive import Driver
+from vllm_triage.core.drive import Driver, Fed
 from vllm_triage.core.evaluate import Evaluator
 from vllm_triage.core.model import ChangeValue, Signals
 from vllm_triage.core.rulebook import Roofline
@@ -263,8 +263,8 @@ def replay(
     start = obs.at - sc.duration_s
     for at, text in record(sc, start_at=start, interval_s=interval, duration_s=sc.duration_s):
         fed = driver.feed(text.encode(), at)
-        if hasattr(fed, "evaluation"):
-            last = fed.evaluation.signals.get(obs.model, last)  # type: ignore[union-attr]
+        if isinstance(fed, Fed):
+            last = fed.evaluation.signals.get(obs.model, last)
     return last
 
 
