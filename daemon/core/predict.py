@@ -435,18 +435,59 @@ def _weight_bytes_per_parameter(hw: Roofline | None) -> float | None:
     return hw.weight_bytes / hw.active_parameters
 
 
+def kv_bound(s: Signals) -> bool:
+    """Whether the KV pool, not the sequence cap, limited the seats: it filled."""
+    return (s.kv_usage_max or 0.0) >= KV_FULL
+
+
+#: KV usage at which the pool, not ``max_num_seqs``, is what holds requests back.
+KV_FULL = 0.9
+
+
+def capacity_after(
+    s: Signals,
+    q: Queue,
+    roofline: StepRoofline | None,
+    hw: Roofline | None,
+    *,
+    seq_cap: float = 1.0,
+    pool: float = 1.0,
+    kv_bytes: float = 1.0,
+) -> float:
+    """Requests per second the server serves after its sequence cap is ``seq_cap`` times
+    and its KV pool ``pool`` times what they were (and its KV bytes per token
+    ``kv_bytes`` times).
+
+    Seats are the most that ran while requests waited; the pool held them at its fullest
+    usage, so it holds ``seats / usage`` of such requests. Whichever limit bound (a full
+    pool, else the cap) moves the seats; the other caps them. More seats make a longer
+    step (each reads its KV), so capacity grows by the seats over the step
+    (``predicted_step``); the time a request holds a seat is its tokens times the step.
+    """
+    seats = q.seats or s.running_max or 0.0
+    if seats <= 0:
+        return q.capacity_per_second
+    usage = s.kv_usage_max or 0.0
+    by_pool = seats / usage if usage > 0 else float("inf")
+    after = by_pool * pool if kv_bound(s) else min(seats * seq_cap, by_pool * pool)
+    gain = after / seats
+    step_factor = 1.0
+    if roofline is not None and hw is not None:
+        step = predicted_step(roofline, hw, StepChange(kv=gain * kv_bytes, flops=gain))
+        if step is not None:
+            step_factor = step / roofline.step_seconds
+    return q.capacity_per_second * gain / step_factor
+
+
 def _pool_effect(
     fix: str, label: str, change: dict[str, ChangeValue], pool: float, c: _Context
 ) -> RemediationEffect:
-    """A pool ``pool`` times as large: more seats where the KV pool held them back."""
+    """A pool ``pool`` times as large (the KV cache in fewer bits): more seats where the
+    pool held them back."""
     q = c.queue
     assert q is not None
-    if q.seats is None or kv_seats(c.s) is None:
-        return _unsized(fix, label, _queue_metric(c), "the KV pool's size is not exposed")
-    kv = kv_seats(c.s) or 0.0
-    seats_after = min(q.seats * pool, kv * pool) if q.seats < kv else kv * pool
-    gain = seats_after / q.seats if q.seats > 0 else 1.0
-    return _queue_effect(fix, label, change, q.load_ratio / max(gain, 1e-9), c)
+    mu = capacity_after(c.s, q, c.roofline, c.hw, pool=pool, kv_bytes=1.0 / pool)
+    return _queue_effect(fix, label, change, q.arrivals_per_second / mu, c)
 
 
 def _seats_effect(fix: str, label: str, c: _Context, *, raise_cap: bool) -> RemediationEffect:
@@ -464,16 +505,15 @@ def _seats_effect(fix: str, label: str, c: _Context, *, raise_cap: bool) -> Reme
         return _step_effect(fix, label, change, StepChange(kv=factor, flops=factor), c)
     if q is None:
         return _unsized(fix, label, metric, "no load ratio: arrivals or capacity unmeasured")
-    pool = kv_seats(c.s)
-    if pool is not None:
-        factor = min(factor, pool / running)
-    step_factor = 1.0
-    if c.roofline is not None and c.hw is not None:
-        after = predicted_step(c.roofline, c.hw, StepChange(kv=factor, flops=factor))
-        if after is not None:
-            step_factor = after / c.roofline.step_seconds
-    gain = factor / step_factor
-    return _queue_effect(fix, label, change, q.load_ratio / max(gain, 1e-9), c)
+    if kv_bound(c.s):
+        return _unsized(
+            fix,
+            label,
+            metric,
+            "the KV pool, not the sequence cap, is full: more sequences would not fit",
+        )
+    mu = capacity_after(c.s, q, c.roofline, c.hw, seq_cap=factor)
+    return _queue_effect(fix, label, change, q.arrivals_per_second / mu, c)
 
 
 def effects(
