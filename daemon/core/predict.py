@@ -190,10 +190,20 @@ class StepChange:
     compute: float = 1.0
 
 
-def predicted_step(r: StepRoofline, hw: Roofline, change: StepChange) -> float | None:
+def predicted_step(
+    r: StepRoofline, hw: Roofline, change: StepChange, *, batch_follows_step: bool = False
+) -> float | None:
     """The mean decode step after ``change``: the overhead (measured step minus floor)
     as it was, the floor scaled by the changed terms. ``None`` when a term the change
-    moves is unknown."""
+    moves is unknown.
+
+    ``batch_follows_step``: the queue is stable, so the batch is what arrives while a
+    request is served (Little's law: running = arrivals x time in service, and the time
+    is its tokens x the step). A shorter step then also means fewer running requests,
+    whose KV reads and FLOPs shrink with it: the step is the fixed point of
+    ``step = overhead + floor(batch x step / step now)``. With a full queue (a seat cap
+    or a full pool) the batch stays where it is.
+    """
     if r.weight_bytes is None and change.weights != 1.0:
         return None
     if r.kv_bytes is None and change.kv != 1.0:
@@ -203,15 +213,50 @@ def predicted_step(r: StepRoofline, hw: Roofline, change: StepChange) -> float |
     weights, kv = r.weight_bytes or 0.0, r.kv_bytes or 0.0
     if r.bytes_from_vllm and r.vllm_bytes is not None and weights + kv <= 0:
         return None
-    memory = (weights + kv) / bandwidth
-    memory_after = (weights * change.weights + kv * change.kv) / (bandwidth * change.bandwidth)
+    memory_s = (weights + kv) / bandwidth
     flops_s = (r.flops or 0.0) / compute if compute > 0 else 0.0
-    flops_after = flops_s * change.flops / change.compute
-    before = max(memory, flops_s)
-    if before <= 0:
+    if max(memory_s, flops_s) <= 0:
         return None
     overhead = max(0.0, r.step_seconds - r.floor_seconds)
-    return overhead + r.floor_seconds * max(memory_after, flops_after) / before
+    # The floor is a mix of steps: the compute-bound ones (prefill chunks, large batches)
+    # scale with FLOPs, the memory-bound ones with bytes, the draft's stays.
+    computing = min(r.compute_bound_seconds, r.floor_seconds)
+    reading = max(0.0, r.floor_seconds - computing - r.draft_seconds)
+
+    def step_at(batch: float) -> float:
+        memory = (weights * change.weights + kv * change.kv * batch) / (
+            bandwidth * change.bandwidth
+        )
+        read = reading * memory / memory_s if memory_s > 0 else reading
+        # A compute-bound step's FLOPs are mostly its prompt tokens: the batch's decode
+        # tokens do not move them much, so only the change scales them.
+        comp = computing * change.flops / change.compute
+        return overhead + read + comp + r.draft_seconds
+
+    step = step_at(1.0)
+    if batch_follows_step:
+        for _ in range(FIXED_POINT_ROUNDS):
+            step = 0.5 * step + 0.5 * step_at(step / r.step_seconds)
+    return step
+
+
+def step_after(
+    r: StepRoofline, hw: Roofline, change: StepChange, queue: Queue | None
+) -> float | None:
+    """``predicted_step``, with the batch following the step where the queue is stable
+    after the change: a shorter step serves more, so a load that fit before fits better
+    (``load_ratio`` x step after / step now below 1 by more than the noise)."""
+    after = predicted_step(r, hw, change)
+    if after is None or queue is None:
+        return after
+    if queue.load_ratio * after / r.step_seconds < 1.0 - queue.noise:
+        return predicted_step(r, hw, change, batch_follows_step=True)
+    return after
+
+
+#: Rounds of the damped fixed-point iteration in ``predicted_step``: each halves the
+#: distance to the fixed point, so 40 leave nothing a millisecond can show.
+FIXED_POINT_ROUNDS = 40
 
 
 # -- fixes to changes -------------------------------------------------------------------
@@ -297,7 +342,7 @@ def _step_effect(
             why="no decode step floor: the card or model "
             "is unknown (set hardware.gpu and the model)",
         )
-    after = predicted_step(c.roofline, c.hw, step_change)
+    after = step_after(c.roofline, c.hw, step_change, c.queue)
     if after is None:
         return RemediationEffect(
             fix,
