@@ -23,7 +23,7 @@ from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.core.rulebook import Roofline, Rulebook
 from vllm_triage.simulator import Phase, Scenario, Simulation, Workload, server_spec
 
-from golden_metrics import GOLDEN
+from support.golden_metrics import GOLDEN
 
 #: Llama-3.1-8B's weights on an H100; nothing known of its KV cache.
 NO_KV = Roofline(
