@@ -6,10 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from vllm_triage.commands.argtypes import positive_float
+from vllm_triage.commands.argtypes import http_url, positive_float
 from vllm_triage.core.predict import CHANGE_KEYS
+from vllm_triage.errors import ConfigError, RecordingError
 
 DESCRIPTION = """\
 Calibrate the simulator to one window of a recording (made by `record`) and run that
@@ -19,7 +25,9 @@ the arrivals interval by interval, the prompt and output lengths, the queue it b
 with, the KV pool, the card and model (from --config, as the diagnosis used them), and
 the per-step overhead (the measured decode step minus the floor, fitted until the
 replay's step matches). `before` is what the recording measured; with no --change,
-`after` is the calibrated model's own replay, so its calibration error shows."""
+`after` is the calibrated model's own replay, so its calibration error shows.
+--target URL instead watches a live server for --window seconds (scraping every
+--interval) and calibrates to that window."""
 
 EPILOG = (
     "change keys:\n"
@@ -30,6 +38,7 @@ examples:
   vllm-triage whatif rec/ --config triage.yaml
   vllm-triage whatif rec/ --config triage.yaml --change kv_cache_dtype=fp8
   vllm-triage whatif rec/ --change replicas=2 --change max_num_seqs=512 --format json
+  vllm-triage whatif --target http://127.0.0.1:8000/metrics --change kv_cache_dtype=fp8
 
 Exit codes: 0 done; 1 the recording has no usable window; 2 a bad change or setting."""
 )
@@ -43,7 +52,28 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("directory", metavar="DIR", help="a folder of <unix_time_ms>.prom files")
+    p.add_argument(
+        "directory", metavar="DIR", nargs="?", help="a folder of <unix_time_ms>.prom files"
+    )
+    p.add_argument(
+        "--target",
+        type=http_url,
+        metavar="URL",
+        help="instead of DIR: watch this live server's metrics URL for one window",
+    )
+    p.add_argument(
+        "--window",
+        type=positive_float,
+        metavar="S",
+        help="with --target: seconds to watch (default: the settings' window_seconds)",
+    )
+    p.add_argument(
+        "--interval",
+        type=positive_float,
+        default=5.0,
+        metavar="S",
+        help="with --target: seconds between scrapes (default 5)",
+    )
     p.add_argument(
         "--change",
         action="append",
@@ -123,6 +153,35 @@ def result_text(r: Any) -> str:
     return "\n".join(lines)
 
 
+def watch(
+    url: str,
+    directory: Path,
+    *,
+    window: float,
+    interval: float,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Record ``url`` for one window into ``directory`` (``recording.record``'s pacing and
+    files); ``RecordingError`` when fewer than two scrapes could be read."""
+    from vllm_triage.net.redact import safe_url
+    from vllm_triage.recording.record import record
+
+    stats = record(
+        url,
+        directory,
+        interval=interval,
+        duration=window + interval / 2,
+        clock=clock,
+        sleep=sleep,
+    )
+    if stats.written - stats.unparseable < 2:
+        raise RecordingError(
+            f"{safe_url(url)}: {stats.written} of {stats.scrapes} scrapes usable, need 2: "
+            f"{stats.last_error or 'no answer'}"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     from vllm_triage.assemble import build_evaluator
     from vllm_triage.config.load import load_settings
@@ -130,10 +189,20 @@ def run(args: argparse.Namespace) -> int:
     from vllm_triage.whatif.changes import parse_changes
     from vllm_triage.whatif.window import read_window
 
+    if (args.directory is None) == (args.target is None):
+        raise ConfigError("give a recording DIR or --target URL (one of the two)")
     changes = parse_changes(args.change)
     settings = load_settings(args.config)
-    obs = read_window(args.directory, build_evaluator(settings), args.at)
-    result = whatif(obs, lambda: build_evaluator(settings), changes)
+    with tempfile.TemporaryDirectory(prefix="vllm-triage-whatif-") as tmp:
+        directory = args.directory
+        at = args.at
+        if args.target is not None:
+            window = args.window or settings.window_seconds
+            print(f"watching {args.target} for {window:g} s ...", file=sys.stderr)
+            watch(args.target, Path(tmp), window=window, interval=args.interval)
+            directory, at = tmp, None
+        obs = read_window(directory, build_evaluator(settings), at)
+        result = whatif(obs, lambda: build_evaluator(settings), changes)
     if args.format == "json":
         print(json.dumps(result_dict(result), allow_nan=False))
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -9,12 +10,16 @@ import pytest
 import yaml
 
 from vllm_triage.assemble import build_evaluator
+from vllm_triage.cli import build_parser
+from vllm_triage.commands import whatif as whatif_command
 from vllm_triage.demo.offline import scenario_facts, scenario_settings
 from vllm_triage.simulator import get_scenario
 from vllm_triage.whatif.calibrate import METRICS, whatif
 from vllm_triage.whatif.window import read_window
 
 from support.clirun import vllm_triage
+from support.clock import FakeClock
+from support.harness import refused_port, simulated_on
 from support.paths import ROOT
 from support.scenarios import write_recording
 
@@ -119,3 +124,64 @@ def test_the_default_window_is_the_first_firing(tmp_path: Path) -> None:
     obs = read_window(rec, build_evaluator(settings))
     assert obs.cause == "queue_bound"
     assert obs.offset_seconds < 240.0
+
+
+class TestTarget:
+    """``--target URL``: a live server watched for one window (on a fake clock: the
+    simulated server's time and the watch's pass only when the test says)."""
+
+    def test_a_live_queue_is_calibrated_and_changed(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        clock = FakeClock()
+        monkeypatch.setattr(
+            whatif_command,
+            "watch",
+            functools.partial(whatif_command.watch, clock=clock, sleep=clock.sleep),
+        )
+        with simulated_on(clock, get_scenario("queue_bound"), speed=1.0) as url:
+            clock.sleep(60.0)  # the queue builds before the watch starts
+            args = build_parser().parse_args(
+                [
+                    "whatif",
+                    "--target",
+                    url,
+                    "--window",
+                    "30",
+                    "--interval",
+                    "5",
+                    "--change",
+                    "max_num_seqs=64",
+                    "--format",
+                    "json",
+                ]
+            )
+            code = args.func(args)
+        # The last line: unconfigured in this process, the recorder's log lines come first
+        # (the installed command sends them to stderr).
+        doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert code == 0
+        assert doc["changes"] == {"max_num_seqs": 64}
+        assert doc["before"]["requests_waiting_mean"] > 1
+        # Four times the seats of a queue-bound server: the queue goes.
+        assert doc["after"]["requests_waiting_mean"] < doc["before"]["requests_waiting_mean"]
+
+    def test_neither_or_both_sources_is_a_usage_error(self, tmp_path: Path) -> None:
+        out = vllm_triage("whatif", cwd=tmp_path, timeout=60)
+        assert out.returncode == 2 and "--target" in out.stderr
+
+    def test_a_refused_port_exits_1(self, tmp_path: Path) -> None:
+        url = f"http://127.0.0.1:{refused_port()}/metrics"
+        out = vllm_triage(
+            "whatif",
+            "--target",
+            url,
+            "--window",
+            "1",
+            "--interval",
+            "0.5",
+            cwd=tmp_path,
+            timeout=60,
+        )
+        assert out.returncode == 1, out.stderr
+        assert "usable" in out.stderr
