@@ -379,13 +379,19 @@ def _queue_metric(c: _Context) -> str:
     return "requests_waiting_mean"
 
 
+#: The 99th percentile of an exponential over its mean (ln 100): the tail assumed for
+#: the first-token time of a server below capacity, whose requests no longer wait.
+P99_OVER_MEAN = math.log(100.0)
+
+
 def _unqueued_ttft(c: _Context) -> float | None:
-    """TTFT p99 without the time spent waiting: the queue's share taken out."""
-    ttft = _ttft(c)
-    if ttft is None or c.s.queue_time_mean is None or not c.s.ttft_mean:
+    """Mean TTFT without the queue: the time from being scheduled to the first token,
+    plus the API server's render where it is measured. (Not the mean TTFT minus the mean
+    queue time: vLLM observes the queue time when a request finishes, so in a surge the
+    two cover different requests.)"""
+    if c.s.prefill_time_mean is None:
         return None
-    share = min(1.0, c.s.queue_time_mean / c.s.ttft_mean)
-    return ttft * (1.0 - share)
+    return c.s.prefill_time_mean + (c.s.render_time_mean or 0.0)
 
 
 def _queue_effect(
@@ -410,14 +416,18 @@ def _queue_effect(
     base = _unqueued_ttft(c)
     if base is None:
         return RemediationEffect(
-            fix, label, change, metric, now, why="queue time not measured in the window"
+            fix, label, change, metric, now, why="prefill time not measured in the window"
         )
-    # Below capacity the queue empties; what is left waits about rho/(1-rho) of a service
-    # (an M/M/1 mean wait), the high end of the range.
-    high = base * (1.0 + ratio / (1.0 - ratio))
+    # Below capacity the queue empties: TTFT is the time to prefill, its p99 an
+    # exponential tail over its mean; what still waits adds about rho/(1-rho) of it (an
+    # M/M/1 mean wait), the high end of the range. Never above what it is now.
+    predicted = base * P99_OVER_MEAN
+    high = predicted * (1.0 + ratio / (1.0 - ratio))
     if now is not None:
-        high = min(high, now)
-    return RemediationEffect(fix, label, change, metric, now, base, base, max(base, high))
+        predicted, high = min(predicted, now), min(high, now)
+    return RemediationEffect(
+        fix, label, change, metric, now, predicted, min(base, predicted), max(predicted, high)
+    )
 
 
 def _decide(fix: str, c: _Context) -> RemediationEffect:
@@ -596,7 +606,9 @@ def effect_text(e: RemediationEffect) -> str:
     name = METRIC_WORDS.get(e.metric, e.metric)
     now = "?" if e.now is None else _num(e.now, e.metric)
     parts.append(f"{name} {now} → {_num(e.predicted, e.metric)}")
-    return f"{e.label}: " + ", ".join(parts)
+    sized = ", ".join(f"{k}={v}" for k, v in e.change.items() if isinstance(v, int))
+    label = f"{e.label} ({sized})" if sized else e.label
+    return f"{label}: " + ", ".join(parts)
 
 
 METRIC_WORDS = {
