@@ -30,6 +30,7 @@ from vllm_triage.commands import (
     report,
     run,
     simulate,
+    whatif,
 )
 from vllm_triage.errors import ConfigError, RecordingError
 from vllm_triage.logs import configure
@@ -43,6 +44,7 @@ examples:
   vllm-triage record http://127.0.0.1:8000/metrics --out rec/ --interval 5 --duration 600
   vllm-triage replay rec/ --config triage.yaml --format json
   vllm-triage report rec/ --config triage.yaml --out report.html
+  vllm-triage whatif rec/ --config triage.yaml --change kv_cache_dtype=fp8
   vllm-triage ceiling --parameters-billion 8 --dtype bfloat16 --gpu H100
   vllm-triage check-config --config triage.yaml
   vllm-triage render rules --config triage.yaml      the Prometheus rules with your SLOs
@@ -109,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         record,
         replay,
         report,
+        whatif,
         ceiling,
         check_config,
         render,

@@ -203,7 +203,9 @@ WINGS: dict[str, set[str]] = {
     }
     | LEAVES,
 }
-WINGS["commands"] = WINGS["demo"] | {"demo", "render"}
+# What-if: a recording's window, the simulator calibrated to it (docs/physics.md).
+WINGS["whatif"] = {"core", "ceiling", "config", "simulator", "recording"} | LEAVES
+WINGS["commands"] = WINGS["demo"] | {"demo", "render", "whatif"}
 WINGS["cli"] = {"commands", "buildinfo", "logs"} | LEAVES
 PACKAGE = CORE.parent
 #: Where the root ``Settings`` (or the loader that makes them) may be read: the loader

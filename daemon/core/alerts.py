@@ -29,6 +29,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from vllm_triage.core.model import Cause, Diagnosis, Transition
+from vllm_triage.core.predict import effect_text
 
 ALERTNAMES: dict[Cause, str] = {
     "stalled": "VllmEngineStalled",
@@ -234,6 +235,11 @@ def firing_alert(t: Transition, *, target: str, severity: str, external_url: str
         "deciding": deciding_text(t.cause, d),
         "status_page": status_page_url(external_url, target),
     }
+    if d.remediation_effects:
+        # One line per fix, in the fixes' order: its predicted effect, or why none.
+        annotations["predicted_effects"] = "\n".join(
+            f"- {effect_text(e)}" for e in d.remediation_effects
+        )
     if d.secondary:
         annotations["secondary"] = ", ".join(d.secondary)
     if d.contributing:
@@ -342,6 +348,9 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
     fixes = [f.removeprefix("- ") for f in notes.get("remediation", "").splitlines() if f]
     if fixes:
         lines.append("*Fix:* " + _clip(fixes[0], _SLACK_PART_CHARS))
+        effect = notes.get("predicted_effects", "").splitlines()[:1]
+        if effect and "no prediction" not in effect[0]:
+            lines.append("*Predicted:* " + _clip(effect[0].removeprefix("- "), 120))
     if link:
         lines.append(f"<{link}|status page>")
     text = "\n".join(line for line in lines if line)

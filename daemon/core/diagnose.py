@@ -36,7 +36,7 @@ Pure: the same ``Signals`` and ``Rulebook`` always give the same ``Diagnosis``.
 
 from __future__ import annotations
 
-from vllm_triage.core import prose, roofline
+from vllm_triage.core import predict, prose, roofline
 from vllm_triage.core.checks import breaches_of, checks_of, confidence_of, is_present
 from vllm_triage.core.decode import decode_evidence, decode_remediation
 from vllm_triage.core.facts import Facts, evidence_of, facts_of, frontend_bound, rounded
@@ -148,6 +148,14 @@ def diagnose(
     contributing = _contributing(
         primary=cause, present=present, confidence=confidence, s=s, f=f, rules=rules
     )
+    queue = predict.queue_state(s)
+    evidence.update(predict.queue_evidence(queue))
+    hw = rules.roofline
+    if hw is None and rules.ceiling is not None:
+        hw = roofline.weights_only(rules.ceiling)
+    effects = predict.effects(
+        remediation, s, cause=cause, breaches=breaches, roofline=f.roofline, hw=hw, queue=queue
+    )
     return Diagnosis(
         model_name=s.model_name,
         at=s.at,
@@ -160,4 +168,5 @@ def diagnose(
         remediation=remediation,
         contributing=contributing,
         present=tuple(present),
+        remediation_effects=effects,
     )

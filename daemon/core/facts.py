@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vllm_triage.core import roofline
+from vllm_triage.core import predict, roofline
 from vllm_triage.core.model import Diagnosis, EvidenceValue, Quantile, Signals
 from vllm_triage.core.roofline import StepRoofline
 from vllm_triage.core.rulebook import Rulebook
@@ -225,6 +225,10 @@ def measurements(s: Signals, d: Diagnosis, rules: Rulebook) -> dict[str, float]:
         "requests_running_max": s.running_max,
     }
     values.update(d.evidence if d.breached else evidence_of(s, facts_of(s, rules), rules))
+    if "load_ratio" not in values:
+        # The load ratio is charted (and exported) while healthy too: a server creeping
+        # towards rho = 1 shows before its queue does.
+        values.update(predict.queue_evidence(predict.queue_state(s)))
     out: dict[str, float] = {}
     for key, value in values.items():
         number = finite_number(value)

@@ -251,6 +251,10 @@ class Signals:
     waiting_mean: float | None = None
     waiting_max: float | None = None
     waiting_min: float | None = None
+    #: The waiting gauge's oldest and newest samples in the window: how much the queue
+    #: grew, which arrivals are counted with (``core.predict``).
+    waiting_first: float | None = None
+    waiting_last: float | None = None
     kv_usage_mean: float | None = None
     kv_usage_max: float | None = None
     preemptions_per_second: float | None = None
@@ -300,11 +304,15 @@ class Signals:
 
 @dataclass(frozen=True, slots=True)
 class GaugeStats:
-    """Mean, max and min of one gauge over a window; ``None`` when it was never exposed."""
+    """Mean, max and min of one gauge over a window; ``None`` when it was never exposed.
+    ``first`` and ``last``: its oldest and newest samples in the window (the sidecar's
+    window has them; fleet mode leaves them out), for the queue's growth."""
 
     mean: float | None = None
     max: float | None = None
     min: float | None = None
+    first: float | None = None
+    last: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +372,34 @@ class Contribution:
     evidence: str
 
 
+#: A change to a server, keyed as ``vllm-triage whatif --change`` takes it.
+ChangeValue = str | int | float
+
+
+@dataclass(frozen=True, slots=True)
+class RemediationEffect:
+    """One fix and what it is predicted to do to the breached metric, from the window it
+    was diagnosed in (``core.predict``; ``docs/physics.md``, "Predicted effects").
+
+    ``change`` is the fix as ``whatif`` keys take it (empty when the fix is a check or a
+    procedure, not a setting); ``predicted`` with ``low`` and ``high`` its range; ``None``
+    with ``why`` saying what keeps it from being computed. ``label`` is a short name of
+    the fix; ``step_now`` and ``step_predicted`` the mean decode step, when it changes.
+    """
+
+    fix: str
+    label: str
+    change: Mapping[str, ChangeValue]
+    metric: str
+    now: float | None = None
+    predicted: float | None = None
+    low: float | None = None
+    high: float | None = None
+    why: str = ""
+    step_now: float | None = None
+    step_predicted: float | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Diagnosis:
     """One evaluation's verdict for one model.
@@ -393,6 +429,8 @@ class Diagnosis:
     #: The latency SLOs this clear evaluation could not judge: too few observations in
     #: the window while requests were in flight (absence of data, not health).
     inconclusive: tuple[str, ...] = ()
+    #: Each fix of ``remediation`` with its predicted effect (``core.predict``), in order.
+    remediation_effects: tuple[RemediationEffect, ...] = ()
 
     @property
     def breached(self) -> bool:

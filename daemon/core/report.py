@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from vllm_triage.core.model import Diagnosis, Transition
+from vllm_triage.core.predict import effect_dict, effect_text
 
 
 def iso(at: float) -> str:
@@ -27,6 +28,7 @@ def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
         "breaches": list(d.breaches),
         "evidence": evidence,
         "remediation": list(d.remediation),
+        "remediation_effects": [effect_dict(e) for e in d.remediation_effects],
         "secondary": list(d.secondary),
         "contributing": [
             {"cause": c.cause, "share": c.share, "evidence": c.evidence} for c in d.contributing
@@ -76,6 +78,7 @@ def transition_text(t: Transition) -> str:
         if d.secondary and not d.contributing:
             lines.append(f"    also: {', '.join(d.secondary)}")
         lines.extend(f"    fix: {item}" for item in d.remediation[:3])
+        lines.extend(f"    effect: {effect_text(e)}" for e in d.remediation_effects[:3] if e.change)
         return "\n".join(lines)
     lasted = t.at - t.started_at
     why = "cause changed" if t.reason == "cause_changed" else "clear again"

@@ -73,6 +73,10 @@ class StepRoofline:
     #: Whether the floor's bytes are vLLM's estimate (the facts ranked below it).
     bytes_from_vllm: bool = False
     disagreement: str | None = None
+    #: The part of ``floor_seconds`` spent in compute-bound steps of the batch mix (the
+    #: rest is memory-bound, or the draft's): a change of bytes moves only the rest.
+    compute_bound_seconds: float = 0.0
+    draft_seconds: float = 0.0
 
     @property
     def ratio(self) -> float:
@@ -299,6 +303,8 @@ def step_roofline(s: Signals, hw: Roofline) -> StepRoofline | None:
         vllm_flops=estimate.flops_per_step if estimate is not None else None,
         bytes_from_vllm=measured_bytes is not None,
         disagreement=decode_facts.disagreement(estimate, arithmetic_bytes, arithmetic_flops),
+        compute_bound_seconds=compute_bound_s,
+        draft_seconds=draft_s,
     )
 
 

@@ -169,6 +169,8 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
         waiting_mean=t.waiting.mean,
         waiting_max=t.waiting.max,
         waiting_min=t.waiting.min,
+        waiting_first=t.waiting.first,
+        waiting_last=t.waiting.last,
         kv_usage_mean=t.kv_usage.mean,
         kv_usage_max=t.kv_usage.max,
         preemptions_per_second=rates["preemptions_per_second"],

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm_triage.core import predict
 from vllm_triage.core.checks import confidence_of
 from vllm_triage.core.facts import rounded
 from vllm_triage.core.model import Diagnosis, EvidenceValue, Progress, Signals
@@ -189,6 +190,13 @@ def _stalled(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
         secondary=(),
         remediation=remediation,
         present=("stalled",),
+        # A hung engine serves nothing: no change of bytes or capacity has an effect
+        # to predict until it steps again.
+        remediation_effects=predict.unsized(
+            remediation,
+            "no_progress",
+            "the engine is not stepping: there is no step or queue to predict from until it moves",
+        ),
     )
 
 

@@ -261,7 +261,7 @@ def _gauge(values: list[float | None]) -> GaugeStats:
     seen = [v for v in values if v is not None]
     if not seen:
         return GaugeStats()
-    return GaugeStats(sum(seen) / len(seen), max(seen), min(seen))
+    return GaugeStats(sum(seen) / len(seen), max(seen), min(seen), seen[0], seen[-1])
 
 
 class Window:

@@ -101,6 +101,10 @@ GAUGES: tuple[GaugeRow, ...] = (
     ("waiting_max", "waiting", lambda v, w, r: f"max_over_time(({v})[{w}:{r}])"),
     ("waiting_min", "waiting", lambda v, w, r: f"min_over_time(({v})[{w}:{r}])"),
     ("running_busy_mean", "running", lambda v, w, r: f"avg_over_time((({v}) > 0)[{w}:{r}])"),
+    # The queue at the window's start and end: its growth counts among the arrivals
+    # (the load ratio, ``core.predict``).
+    ("waiting_first", "waiting", lambda v, w, r: f"last_over_time(({v})[{r}:{r}] offset {w})"),
+    ("waiting_last", "waiting", lambda v, w, r: v),
 )
 #: (key, field, aggregation over engines, function over the window's raw samples).
 OVER_TIME = (

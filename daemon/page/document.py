@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from vllm_triage.core.model import Reason, Transition
+from vllm_triage.core.predict import effect_dict, effect_text
 from vllm_triage.core.report import iso
 from vllm_triage.core.rulebook import Rulebook
 from vllm_triage.core.series import Window
@@ -125,6 +126,10 @@ def _incident_json(
             {"cause": c.cause, "share": c.share, "evidence": c.evidence} for c in d.contributing
         ],
         "remediation": list(d.remediation),
+        # Each fix's predicted effect (or why none), in the fixes' order.
+        "remediation_effects": [
+            {**effect_dict(e), "text": effect_text(e)} for e in d.remediation_effects
+        ],
         "opened_as": i.opened_as or i.cause,
         "segments": [{"start": a, "end": b, "cause": c} for a, b, c in segments],
         "changes": [

@@ -131,6 +131,13 @@ _SIGNALS: tuple[tuple[str, str, Callable[[Signals, Mapping[str, float]], float |
         lambda s, m: m.get("decode_roofline_ratio"),
     ),
     (
+        "load_ratio",
+        "Arrivals over the service capacity the window measured (rho): below 1 stable, about "
+        "1 (within 1/sqrt(arrivals)) backlogged, above it overloaded (queue_regime in the "
+        "evidence).",
+        lambda s, m: m.get("load_ratio"),
+    ),
+    (
         "gpu_dram_active_ratio",
         "Share of cycles the card's memory interface was busy over the window "
         "(DCGM_FI_PROF_DRAM_ACTIVE, mean over the server's GPUs; fleet mode with DCGM).",

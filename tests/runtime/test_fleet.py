@@ -126,6 +126,8 @@ def model_rows(keys: set[str], labels: dict[str, str], t: WindowTotals) -> list[
         "waiting_mean": t.waiting.mean,
         "waiting_max": t.waiting.max,
         "waiting_min": t.waiting.min,
+        "waiting_first": t.waiting.first,
+        "waiting_last": t.waiting.last,
         "kv_usage_mean": t.kv_usage.mean,
         "kv_usage_max": t.kv_usage.max,
         "running_busy_mean": t.running_busy_mean,

@@ -234,7 +234,13 @@
     }
     if (i.remediation.length) {
       parts.push(el("div", null, [el("strong", { text: "What to change:" })]));
-      parts.push(el("ol", null, i.remediation.map(function (r) { return el("li", { text: r }); })));
+      var effects = i.remediation_effects || [];
+      parts.push(el("ol", null, i.remediation.map(function (r, n) {
+        // The fix, and under it its predicted before -> after (or why there is none).
+        var e = effects[n];
+        var shown = e && e.predicted !== null ? el("div", { class: "vt-effect", text: "Predicted: " + e.text }) : null;
+        return el("li", null, [r, shown]);
+      })));
     }
     return el("article", { class: "vt-incident", id: i.id, "data-incident": i.id, "data-cause": i.cause, style: { "--cause": c.color } }, parts);
   }

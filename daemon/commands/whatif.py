@@ -1,0 +1,210 @@
+"""``vllm-triage whatif DIR --change KEY=VALUE``: a recording's window replayed by the
+simulator calibrated to it, on the server as it was and as changed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vllm_triage.commands.argtypes import http_url, positive_float
+from vllm_triage.core.predict import CHANGE_KEYS
+from vllm_triage.errors import ConfigError, RecordingError
+
+DESCRIPTION = """\
+Calibrate the simulator to one window of a recording (made by `record`) and run that
+window's load on the server as changed. The window is the one at --at seconds from the
+recording's start (default: the window of the first firing, else the last). From it:
+the arrivals interval by interval, the prompt and output lengths, the queue it began
+with, the KV pool, the card and model (from --config, as the diagnosis used them), and
+the per-step overhead (the measured decode step minus the floor, fitted until the
+replay's step matches). `before` is what the recording measured; with no --change,
+`after` is the calibrated model's own replay, so its calibration error shows.
+--target URL instead watches a live server for --window seconds (scraping every
+--interval) and calibrates to that window."""
+
+EPILOG = (
+    "change keys:\n"
+    + "\n".join(f"  {k:<24}{v}" for k, v in CHANGE_KEYS.items())
+    + """
+
+examples:
+  vllm-triage whatif rec/ --config triage.yaml
+  vllm-triage whatif rec/ --config triage.yaml --change kv_cache_dtype=fp8
+  vllm-triage whatif rec/ --change replicas=2 --change max_num_seqs=512 --format json
+  vllm-triage whatif --target http://127.0.0.1:8000/metrics --change kv_cache_dtype=fp8
+
+Exit codes: 0 done; 1 the recording has no usable window; 2 a bad change or setting."""
+)
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "whatif",
+        help="predict a change's effect: the simulator calibrated to a recording's window",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "directory", metavar="DIR", nargs="?", help="a folder of <unix_time_ms>.prom files"
+    )
+    p.add_argument(
+        "--target",
+        type=http_url,
+        metavar="URL",
+        help="instead of DIR: watch this live server's metrics URL for one window",
+    )
+    p.add_argument(
+        "--window",
+        type=positive_float,
+        metavar="S",
+        help="with --target: seconds to watch (default: the settings' window_seconds)",
+    )
+    p.add_argument(
+        "--interval",
+        type=positive_float,
+        default=5.0,
+        metavar="S",
+        help="with --target: seconds between scrapes (default 5)",
+    )
+    p.add_argument(
+        "--change",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a change to the server or its load (repeatable; keys below)",
+    )
+    p.add_argument(
+        "--at",
+        type=positive_float,
+        metavar="SECONDS",
+        help="the window ending this many seconds after the recording's first scrape",
+    )
+    p.add_argument(
+        "--config", metavar="FILE", help="YAML settings (SLOs, hardware, model, thresholds)"
+    )
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.set_defaults(func=run)
+
+
+def _finite(v: float | None) -> float | None:
+    return float(f"{v:.6g}") if v is not None and math.isfinite(v) else None
+
+
+def result_dict(r: Any) -> dict[str, Any]:
+    return {
+        "at": round(r.obs.offset_seconds, 3),
+        "model_name": r.obs.model,
+        "cause": r.obs.cause,
+        "window_seconds": round(r.obs.span_seconds, 3),
+        "changes": dict(r.changes),
+        "before": {k: _finite(v) for k, v in r.before.items()},
+        "after": {k: _finite(v) for k, v in r.after.items()},
+        "calibration": {
+            "replay": {k: _finite(v) for k, v in r.replay.items()},
+            "error": {
+                k: _finite(r.replay[k] / v - 1)
+                for k, v in r.before.items()
+                if v and r.replay.get(k) is not None
+            },
+            "step_overhead_seconds": _finite(r.overhead_s),
+            "rounds": r.rounds,
+        },
+        "notes": list(r.notes),
+    }
+
+
+def _shown(key: str, v: float | None) -> str:
+    if v is None:
+        return "-"
+    if key.endswith("_seconds"):
+        return f"{v * 1e3:.3g} ms" if v < 1 else f"{v:.3g} s"
+    if key == "kv_usage_mean":
+        return f"{v:.1%}"
+    return f"{v:.3g}"
+
+
+def result_text(r: Any) -> str:
+    d = result_dict(r)
+    changes = ", ".join(f"{k}={v}" for k, v in d["changes"].items()) or "none (calibration)"
+    lines = [
+        f"window ending {d['at']:g} s into the recording ({d['window_seconds']:g} s, "
+        f"{d['model_name']}, {d['cause'] or 'nothing'} diagnosed); changes: {changes}",
+        f"{'':<30}{'before':>12}{'replay':>12}{'after':>12}",
+    ]
+    for key in d["before"]:
+        lines.append(
+            f"{key:<30}{_shown(key, d['before'][key]):>12}"
+            f"{_shown(key, d['calibration']['replay'][key]):>12}{_shown(key, d['after'][key]):>12}"
+        )
+    lines.append(
+        "per-step overhead fitted: "
+        f"{_shown('s_seconds', d['calibration']['step_overhead_seconds'])}"
+        f" ({d['calibration']['rounds']} rounds)"
+    )
+    lines.extend(f"note: {n}" for n in d["notes"])
+    return "\n".join(lines)
+
+
+def watch(
+    url: str,
+    directory: Path,
+    *,
+    window: float,
+    interval: float,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Record ``url`` for one window into ``directory`` (``recording.record``'s pacing and
+    files); ``RecordingError`` when fewer than two scrapes could be read."""
+    from vllm_triage.net.redact import safe_url
+    from vllm_triage.recording.record import record
+
+    stats = record(
+        url,
+        directory,
+        interval=interval,
+        duration=window + interval / 2,
+        clock=clock,
+        sleep=sleep,
+    )
+    if stats.written - stats.unparseable < 2:
+        raise RecordingError(
+            f"{safe_url(url)}: {stats.written} of {stats.scrapes} scrapes usable, need 2: "
+            f"{stats.last_error or 'no answer'}"
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    from vllm_triage.assemble import build_evaluator
+    from vllm_triage.config.load import load_settings
+    from vllm_triage.whatif.calibrate import whatif
+    from vllm_triage.whatif.changes import parse_changes
+    from vllm_triage.whatif.window import read_window
+
+    if (args.directory is None) == (args.target is None):
+        raise ConfigError("give a recording DIR or --target URL (one of the two)")
+    changes = parse_changes(args.change)
+    settings = load_settings(args.config)
+    with tempfile.TemporaryDirectory(prefix="vllm-triage-whatif-") as tmp:
+        directory = args.directory
+        at = args.at
+        if args.target is not None:
+            window = args.window or settings.window_seconds
+            print(f"watching {args.target} for {window:g} s ...", file=sys.stderr)
+            watch(args.target, Path(tmp), window=window, interval=args.interval)
+            directory, at = tmp, None
+        obs = read_window(directory, build_evaluator(settings), at)
+        result = whatif(obs, lambda: build_evaluator(settings), changes)
+    if args.format == "json":
+        print(json.dumps(result_dict(result), allow_nan=False))
+    else:
+        print(result_text(result))
+    return 0
