@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_triage.commands.argtypes import positive_float
@@ -100,7 +101,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--record",
         metavar="DIR",
-        help="--offline: also write each scenario's scrapes to DIR/<scenario>/ for `replay`",
+        help=(
+            "live: the daemon records each scenario it scrapes into DIR/<scenario>/ and the "
+            "report goes beside it (default: a new temporary folder, named at the end); "
+            "--offline: also write each scenario's scrapes to DIR/<scenario>/ for `replay`"
+        ),
     )
     p.set_defaults(func=run)
 
@@ -122,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
         if args.keep_running:
             raise ConfigError("--keep-running is for the live demo (without --offline)")
         return _run_offline(args)
-    if args.record or args.format != "text":
-        raise ConfigError("--record and --format need --offline")
+    if args.format != "text":
+        raise ConfigError("--format needs --offline")
     from vllm_triage.demo.live import DEFAULT_LIVE, run_live_demo
 
     names = tuple(dict.fromkeys(args.scenario or DEFAULT_LIVE))
@@ -136,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         keep_running=args.keep_running,
         report=lambda result: outcome.update(code=_report(result)),
+        record_dir=Path(args.record) if args.record else None,
     )
     code = outcome.get("code", 1)
     if args.keep_running and code != 130:
@@ -170,12 +176,22 @@ def _report(result: LiveDemoResult) -> int:
         print(result.report.path)
     elif result.report_error:
         print(result.report_error)
+    if result.recording is not None:
+        print(kept_text(result.recording, result.recording_bytes))
     return 0 if good and not result.failed else 1
 
 
-def _run_offline(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def kept_text(folder: Path, size: int) -> str:
+    """The folder the live demo leaves: named, sized, and how to be rid of it. Kept, not
+    cleaned: it holds the report just printed, to open after the demo has gone."""
+    return (
+        f"\nRecording kept in {folder} ({size / 1e6:.1f} MB): the daemon's own scrapes "
+        f"(`vllm-triage replay {folder}/<scenario>`) and the report; delete it when done "
+        "(rm -r it), or pass --record DIR to choose where it goes."
+    )
 
+
+def _run_offline(args: argparse.Namespace) -> int:
     from vllm_triage.core.report import transition_json, transition_text
     from vllm_triage.demo.offline import DEFAULT_SCENARIOS, run_demo
 

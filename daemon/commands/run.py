@@ -79,6 +79,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="URL",
         help="an Alertmanager-format webhook receiver (repeatable; replaces the file's receivers)",
     )
+    p.add_argument(
+        "--record",
+        metavar="DIR",
+        help=(
+            "also keep every scrape the daemon takes, as DIR/<target>/<unix_time_ms>.prom "
+            "(the format `record` writes): `report DIR/<target>` then tells exactly what "
+            "the alerts said (record.max_bytes, 1 GiB per target by default, bounds it)"
+        ),
+    )
     p.set_defaults(func=run)
 
 
@@ -90,6 +99,8 @@ def flags(args: argparse.Namespace) -> dict[str, Any]:
         out["interval_seconds"] = args.interval
     if args.target:
         out["targets"] = args.target
+    if args.record is not None:
+        out["record"] = {"dir": args.record}
     if args.webhook:
         out["receivers"] = [
             # Unnamed: known by type and URL, so reordering the flags moves nothing.

@@ -61,8 +61,13 @@ class TestDemo:
             "alerts fired: prefill_bound, decode_bound, queue_bound, kv_pressure, stalled; "
             "resolved: prefill_bound, decode_bound, queue_bound, kv_pressure, stalled"
         ) in out
-        report = Path(out.splitlines()[-1])
-        assert report.parent.parent == tmp_path and report.name == "tour-report.html"
+        report = Path(next(ln for ln in out.splitlines() if ln.endswith("tour-report.html")))
+        assert report.parent.parent == tmp_path
+        # The folder left behind is named, with its size and how to be rid of it.
+        kept = re.search(r"Recording kept in (\S+) \((\d+\.\d) MB\)", out)
+        assert kept is not None and Path(kept.group(1)) == report.parent
+        assert float(kept.group(2)) > 0 and "delete it when done" in out
+        assert sorted(p.name for p in report.parent.iterdir()) == ["tour", "tour-report.html"]
         page = report.read_text(encoding="utf-8")
         for cause in ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure", "stalled"):
             assert f'"cause":"{cause}"' in page
@@ -161,9 +166,10 @@ class TestDemo:
         assert "NOT AS BUILT" not in out and "Traceback" not in err
 
     def test_offline_only_options_need_offline(self, tmp_path: Path) -> None:
-        result = vllm_triage("demo", "--record", "rec", cwd=tmp_path)
+        """--format is --offline's (--record is both's: the live daemon records too)."""
+        result = vllm_triage("demo", "--format", "json", cwd=tmp_path)
         assert result.returncode == 2
-        assert "need --offline" in result.stderr
+        assert "needs --offline" in result.stderr
 
     def test_demo_records_for_replay(self, tmp_path: Path) -> None:
         """`demo --record DIR` writes a recording that `replay` diagnoses the same way."""
