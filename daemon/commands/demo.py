@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_triage.commands.argtypes import positive_float
+from vllm_triage.core.counts import counted
 from vllm_triage.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -163,7 +164,8 @@ def _report(result: LiveDemoResult) -> int:
         print(f"{name}: {'as built' if ok else 'NOT AS BUILT'}: {why}")
         print(f"  alerts fired: {fired}; resolved: {resolved}")
     print(
-        f"{result.delivered} notifications delivered to the local receiver, {result.failed} failed."
+        f"{counted(result.delivered, 'notification')} delivered to the local receiver, "
+        f"{result.failed} failed."
     )
     if result.first_payload is not None:
         print("\nThe first of them, as your receiver would get it (Alertmanager webhook, v4):")
@@ -221,12 +223,15 @@ def _run_offline(args: argparse.Namespace) -> int:
             print("   " + transition_text(t).replace("\n", "\n   "))
         fired = ", ".join(run.fired) or "no incident"
         if run.problems:
-            print(f"   -> NOT AS BUILT over {run.scrapes} scrapes (fired: {fired}):")
+            print(f"   -> NOT AS BUILT over {counted(run.scrapes, 'scrape')} (fired: {fired}):")
             print("\n".join(f"      - {p}" for p in run.problems) + "\n", flush=True)
         else:
-            print(f"   -> as built over {run.scrapes} scrapes (fired: {fired})\n", flush=True)
+            print(
+                f"   -> as built over {counted(run.scrapes, 'scrape')} (fired: {fired})\n",
+                flush=True,
+            )
     if text:
-        print(f"{good}/{len(names)} scenarios diagnosed as built.")
+        print(f"{good}/{counted(len(names), 'scenario')} diagnosed as built.")
         if record_dir is not None:
             print(
                 f"Recordings in {record_dir}/<scenario>/: "

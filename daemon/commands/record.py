@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from vllm_triage.commands.argtypes import http_url, positive_float, positive_int
+from vllm_triage.core.counts import counted
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     if stats.written:
         why = f"none of the {stats.written} bodies written to {args.out} holds vLLM metrics"
     else:
-        why = f"nothing recorded: all {stats.failed} scrapes failed"
+        which = "the" if stats.failed == 1 else "all"
+        why = f"nothing recorded: {which} {counted(stats.failed, 'scrape')} failed"
     print(f"vllm-triage record: error: {why}: {stats.last_error}", file=sys.stderr)
     return 1

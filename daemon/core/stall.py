@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_triage.core.checks import confidence_of
+from vllm_triage.core.counts import counted
 from vllm_triage.core.facts import rounded
 from vllm_triage.core.model import Diagnosis, EvidenceValue, Progress, Signals
 from vllm_triage.core.rulebook import Rulebook
@@ -116,7 +117,7 @@ def _stall_evidence(s: Signals, st: _Stall, rules: Rulebook) -> dict[str, Eviden
     }
     if st.engines_total:
         ev["stalled_engines"] = st.engines
-        ev["engines_stalled"] = f"{len(st.engines)} of {st.engines_total} engines"
+        ev["engines_stalled"] = f"{len(st.engines)} of {counted(st.engines_total, 'engine')}"
     if p.asleep:
         ev["engines_asleep"] = tuple(f"{e}:{state}" for e, state in sorted(p.asleep.items()))
     if p.owed_asleep:
@@ -135,20 +136,22 @@ def _stalled(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
     checks: list[bool | None] = [True, gauges, probe_check, "iterations" in p.checked]
     without = p.seconds_without_progress
     if st.engines and all(e in p.owed_asleep for e in st.engines) and not gauges:
+        taken = round(sum(p.owed_asleep[e] for e in st.engines))
         owed = (
-            f"{sum(p.owed_asleep[e] for e in st.engines):.0f} requests taken by the API "
+            f"{counted(taken, 'request')} taken by the API "
             "server and not finished since it fell asleep (its gauges, frozen, cannot show "
             "them)"
         )
     elif gauges:
         owed = (
-            f"{p.running or 0:g} requests running and {p.waiting or 0:g} waiting "
+            f"{counted(p.running or 0, 'request')} running and {p.waiting or 0:g} waiting "
             "(gauges frozen at the last engine update)"
         )
     else:
         owed = f"a one-token probe unanswered for {probe or 0:.0f} s while the gauges say idle"
     which = (
-        f"engine {', '.join(st.engines)} ({len(st.engines)} of {st.engines_total} engines)"
+        f"engine {', '.join(st.engines)} "
+        f"({len(st.engines)} of {counted(st.engines_total, 'engine')})"
         if st.engines_total
         else "engine"
     )
