@@ -18,8 +18,8 @@ Grafana, and send alert webhooks with the diagnosis.
 Settings come from rules/defaults.yaml, then --config FILE, then VLLM_TRIAGE_* variables
 (nested keys with __, lists as JSON), then these flags. The keys beside the SLOs and
 thresholds: listen, interval_seconds, scrape_timeout_seconds, max_body_bytes,
-shutdown_grace_seconds, state_dir, targets, receivers, alerting. See docs/operations.md,
-"Run it".
+shutdown_grace_seconds, state_dir, targets, receivers, alerting, record. See
+docs/operations.md, "Run it".
 
 Open incidents, what each receiver was told and undelivered notifications are kept in
 state_dir (default $XDG_STATE_HOME/vllm-triage), so a restart or a crash loses no alert.

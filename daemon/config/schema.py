@@ -475,6 +475,14 @@ class Settings(BaseSettings):
                     "source: prometheus discovers its targets; remove `targets` (or use "
                     "source: scrape)"
                 )
+            if self.record.dir is not None:
+                # Fleet mode reads Prometheus' query answers, not /metrics bodies: there
+                # would be nothing to keep, and silently keeping nothing is worse.
+                raise ValueError(
+                    "record.dir (--record) keeps the /metrics bodies the daemon scrapes; "
+                    "source: prometheus scrapes none (record each server with "
+                    "`vllm-triage record URL --out DIR` instead)"
+                )
         return self
 
     @model_validator(mode="after")

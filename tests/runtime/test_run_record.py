@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from structlog.testing import capture_logs
@@ -15,6 +16,7 @@ from structlog.testing import capture_logs
 from vllm_triage.assemble import build_scraped, record_folder_name
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import Settings
+from vllm_triage.errors import ConfigError
 from vllm_triage.recording.files import FILE_NAME, recording_files
 from vllm_triage.scrape.keep import ScrapeKeeper
 from vllm_triage.serve.exporter import build_registry
@@ -136,3 +138,15 @@ def test_without_record_dir_nothing_is_kept() -> None:
     assert scraper.target.state.recording is None
     registry = build_registry(lambda: [scraper.target.state], list)
     assert "vllm_triage_record" not in generate_latest(registry).decode()
+
+
+def test_fleet_mode_refuses_record_rather_than_keep_nothing() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(
+            flags={
+                "source": "prometheus",
+                "prometheus": {"url": "http://127.0.0.1:9090"},
+                "record": {"dir": "rec"},
+            }
+        )
+    assert "record.dir (--record)" in str(info.value) and "source: prometheus" in str(info.value)
