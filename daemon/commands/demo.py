@@ -179,17 +179,20 @@ def _report(result: LiveDemoResult) -> int:
     elif result.report_error:
         print(result.report_error)
     if result.recording is not None:
-        print(kept_text(result.recording, result.recording_bytes))
+        print(kept_text(result.recording, result.recording_bytes, result.settings_file))
     return 0 if good and not result.failed else 1
 
 
-def kept_text(folder: Path, size: int) -> str:
+def kept_text(folder: Path, size: int, settings: Path | None = None) -> str:
     """The folder the live demo leaves: named, sized, and how to be rid of it. Kept, not
     cleaned: it holds the report just printed, to open after the demo has gone."""
+    again = "<scenario>" if settings is None else settings.name.removesuffix("-settings.yaml")
+    config = f" --config {settings}" if settings is not None else ""
     return (
-        f"\nRecording kept in {folder} ({size / 1e6:.1f} MB): the daemon's own scrapes "
-        f"(`vllm-triage replay {folder}/<scenario>`) and the report; delete it when done "
-        "(rm -r it), or pass --record DIR to choose where it goes."
+        f"\nRecording kept in {folder} ({size / 1e6:.1f} MB): the daemon's own scrapes, "
+        f"its settings and the report (`vllm-triage replay {folder}/{again}{config}` "
+        "tells what the alerts told); delete it when done (rm -r it), or pass "
+        "--record DIR to choose where it goes."
     )
 
 
@@ -231,7 +234,7 @@ def _run_offline(args: argparse.Namespace) -> int:
                 flush=True,
             )
     if text:
-        print(f"{good}/{counted(len(names), 'scenario')} diagnosed as built.")
+        print(f"{good} of {counted(len(names), 'scenario')} diagnosed as built.")
         if record_dir is not None:
             print(
                 f"Recordings in {record_dir}/<scenario>/: "

@@ -35,7 +35,7 @@ from vllm_triage.core.report import transition_text
 from vllm_triage.demo.expectations import Event, Segment, problems, segments
 from vllm_triage.demo.offline import START_AT, TAIL_S, expected_of, scenario_facts
 from vllm_triage.demo.sink import WebhookSink
-from vllm_triage.demo.tour_report import demo_folder, folder_size
+from vllm_triage.demo.tour_report import demo_folder, folder_size, write_diagnosis_settings
 from vllm_triage.demo.view import DemoTarget, render, status_lines
 from vllm_triage.errors import ConfigError, RecordingError
 from vllm_triage.recording.reportfile import WrittenReport, write_report
@@ -101,6 +101,8 @@ class LiveDemoResult:
     #: The folder the demo leaves behind (the recordings and the report), and its size.
     recording: Path | None = None
     recording_bytes: int = 0
+    #: The diagnosis settings of the reported target, for `replay --config`.
+    settings_file: Path | None = None
     status_url: str = ""
 
     def fired(self, name: str) -> list[str]:
@@ -338,10 +340,14 @@ class _Demo:
         folder = keeper.folder
         result.recording = folder.parent
         target = next(t for t in self.settings.targets if t.name == name)
+        settings = self.settings.for_target(target)
         out_file = folder.parent / f"{name}-report.html"
         try:
-            result.report = write_report(
-                folder, report_parts(self.settings.for_target(target)), out_file
+            result.report = write_report(folder, report_parts(settings), out_file)
+            # The settings the diagnosis used (the scenario's SLOs and card): with them,
+            # `replay` and `report` of the folder say what the alerts said.
+            result.settings_file = write_diagnosis_settings(
+                settings, folder.parent / f"{name}-settings.yaml"
             )
         except (OSError, RecordingError) as exc:
             result.report_error = f"no report of {name}: {exc}"

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from vllm_triage.assemble import report_parts
+from vllm_triage.config.load import load_settings
 from vllm_triage.core.alerts import go_time
-from vllm_triage.demo.live import LiveDemoResult, demo_settings, run_live_demo
+from vllm_triage.demo.live import LiveDemoResult, run_live_demo
 from vllm_triage.recording.files import recording_files
 from vllm_triage.recording.report import report_document
-from vllm_triage.simulator import get_scenario
 
 
 def live(tmp_path: Path, name: str, *, speed: float, duration_s: float | None) -> LiveDemoResult:
@@ -33,19 +33,12 @@ def live(tmp_path: Path, name: str, *, speed: float, duration_s: float | None) -
     )
 
 
-def report_of(tmp_path: Path, name: str, speed: float) -> dict[str, Any]:
-    """The report ``report`` makes of the demo's folder, with the daemon's settings."""
-    scenarios = {name: get_scenario(name)}
-    settings = demo_settings(
-        None,
-        scenarios=scenarios,
-        urls={name: "http://127.0.0.1:9/metrics"},
-        speed=speed,
-        listen="127.0.0.1:0",
-        sink_url="http://127.0.0.1:9/hook",
-    )
-    parts = report_parts(settings.for_target(settings.targets[0]))
-    return report_document(tmp_path / "kept" / name, parts, now=0.0)
+def report_of(result: LiveDemoResult, name: str) -> dict[str, Any]:
+    """The report ``vllm-triage report DIR/NAME --config DIR/NAME-settings.yaml`` makes:
+    the folder the demo left, with the settings file it wrote beside it."""
+    assert result.settings_file is not None and result.recording is not None
+    parts = report_parts(load_settings(result.settings_file))
+    return report_document(result.recording / name, parts, now=0.0)
 
 
 def told(result: LiveDemoResult) -> dict[tuple[str, str], dict[str, Any]]:
@@ -60,7 +53,7 @@ def told(result: LiveDemoResult) -> dict[tuple[str, str], dict[str, Any]]:
 
 def agree(tmp_path: Path, name: str, *, speed: float, duration_s: float | None) -> int:
     result = live(tmp_path, name, speed=speed, duration_s=duration_s)
-    doc = report_of(tmp_path, name, speed)
+    doc = report_of(result, name)
     alerts = told(result)
     found = [i for section in doc["sections"] for i in section["incidents"]]
     assert found, "the scenario fired nothing: the comparison would prove nothing"
@@ -74,6 +67,7 @@ def agree(tmp_path: Path, name: str, *, speed: float, duration_s: float | None) 
     files = recording_files(tmp_path / "kept" / name)
     assert result.recording_bytes >= sum(p.stat().st_size for _, p in files) > 0
     assert result.report is not None and result.report.path.parent == tmp_path / "kept"
+    assert result.settings_file == tmp_path / "kept" / f"{name}-settings.yaml"
     return len(found)
 
 
