@@ -47,6 +47,7 @@ from vllm_triage.notify.notifier import Notifier
 from vllm_triage.notify.receivers import build_receiver
 from vllm_triage.page.spec import load_spec
 from vllm_triage.recording.report import ReportParts
+from vllm_triage.scrape.keep import ScrapeKeeper
 from vllm_triage.scrape.loop import ScrapeParts, Scraper
 from vllm_triage.scrape.probe import Prober, completions_url
 from vllm_triage.serve.exporter import build_registry
@@ -211,7 +212,32 @@ def build_scraped(
         max_body_bytes=settings.max_body_bytes,
         limits=parse_limits(settings),
     )
-    return Scraper(built, parts, client=client, prober=prober, clock=clock)
+    return Scraper(
+        built,
+        parts,
+        client=client,
+        prober=prober,
+        keeper=build_keeper(settings, target),
+        clock=clock,
+    )
+
+
+def build_keeper(settings: Settings, target: TargetSettings) -> ScrapeKeeper | None:
+    """The daemon's own recording of ``target`` (``record.dir``, ``run --record``): one
+    folder per target, named after it, in the format ``record`` writes."""
+    if settings.record.dir is None:
+        return None
+    folder = Path(settings.record.dir).expanduser() / record_folder_name(target.name)
+    return ScrapeKeeper(target.name, folder, max_bytes=settings.record.max_bytes)
+
+
+def record_folder_name(target: str) -> str:
+    """A target's recording folder: its name, one path component (a name may hold ``/``:
+    replaced, with a short hash of the name so that ``a/b`` and ``a_b`` stay apart)."""
+    safe = target.replace("/", "_")
+    if safe == target:
+        return target
+    return f"{safe}-{hashlib.sha256(target.encode()).hexdigest()[:8]}"
 
 
 def _first_model(target: Target) -> str | None:

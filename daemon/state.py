@@ -159,6 +159,18 @@ class View:
 
 
 @dataclass(slots=True)
+class RecordingStats:
+    """What the daemon's own recording of a target's scrapes (``run --record``) did."""
+
+    folder: str
+    written: int = 0
+    bytes_written: int = 0
+    #: Scrapes not kept, by reason: ``disk`` (a write failed), ``too_large`` (over the
+    #: recording's per-file bound), ``full`` (the recording reached its ``max_bytes``).
+    failures: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(slots=True)
 class TargetState:
     name: str
     url: str
@@ -187,6 +199,8 @@ class TargetState:
     probe: ProbeStats | None = None
     #: The last hour of evaluations, for the status page (bounded: ``History``).
     history: History | None = None
+    #: The daemon's own recording of this target's scrapes, when ``run --record`` asks.
+    recording: RecordingStats | None = None
 
     def attempted(self, at: float, duration_s: float | None = None) -> None:
         """Count one scrape (or fleet step) taken at ``at``, whatever came of it."""

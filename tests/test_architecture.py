@@ -158,7 +158,7 @@ WINGS: dict[str, set[str]] = {
     # The runtime's rooms: each is handed its parts; none reads the root settings.
     "notify": {"core", "config", "net", "state", "store"} | LEAVES,
     "target": {"core", "logs", "notify", "state", "store"},
-    "scrape": {"core", "config", "net", "logs", "state", "target"} | LEAVES,
+    "scrape": {"core", "config", "net", "logs", "recording", "state", "target"} | LEAVES,
     "fleet": {"core", "config", "ceiling", "net", "logs", "notify", "state", "store", "target"}
     | LEAVES,
     "serve": {"core", "page", "net", "state"} | LEAVES,

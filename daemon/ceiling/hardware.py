@@ -8,10 +8,59 @@ comes from the GPU table (``gpus``), the bytes from the model's size (``sizing``
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from vllm_triage.ceiling.gpus import GPU
 from vllm_triage.ceiling.sizing import ModelSize
+from vllm_triage.core.kvpool import GIB
+
+#: vLLM's default ``gpu_memory_utilization``: the share of a card it lets itself use.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+#: Tensor-parallel sizes tried for the least that fits: vLLM splits the attention heads
+#: evenly over the GPUs, and models' head counts divide by powers of two.
+_TP_SIZES = tuple(2**k for k in range(8))
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """Whether a model's weights fit on a card, split ``tensor_parallel_size`` ways.
+
+    The card counts at its most generous (its "GB" read as GiB, ``rules/gpus.yaml``'s
+    header) times vLLM's default ``gpu_memory_utilization``: "does not fit" is said only
+    when the weights alone are more than vLLM would let itself use, before any KV cache.
+    """
+
+    fits: bool
+    weight_bytes_per_gpu: float
+    usable_bytes: float
+    #: The least power-of-two tensor-parallel size whose share fits (None: over 128).
+    min_tensor_parallel_size: int | None
+
+    def text(self) -> str:
+        least = self.min_tensor_parallel_size
+        need = (
+            f"at least {least} such cards (--tensor-parallel-size {least})"
+            if least is not None
+            else "more than 128 such cards"
+        )
+        return (
+            f"does not fit: {self.weight_bytes_per_gpu / 1e9:.1f} GB of weights per card, "
+            f"where vLLM lets itself use {self.usable_bytes / 1e9:.1f} GB "
+            f"({DEFAULT_GPU_MEMORY_UTILIZATION:.0%} of the card); it needs {need}, and room "
+            "beyond the weights for the KV cache"
+        )
+
+
+def fit(size: ModelSize, gpu: GPU, tensor_parallel_size: int = 1) -> Fit | None:
+    """Whether ``size``'s weights fit on ``gpu`` (None: the table gives no memory)."""
+    if gpu.memory_gb is None:
+        return None
+    usable = gpu.memory_gb * GIB * DEFAULT_GPU_MEMORY_UTILIZATION
+    weights = size.resident_bytes
+    least = next((n for n in _TP_SIZES if weights / n <= usable), None)
+    per_gpu = weights / tensor_parallel_size
+    return Fit(per_gpu <= usable, per_gpu, usable, least)
 
 
 def decode_ceiling_tokens_per_s(
@@ -49,6 +98,7 @@ def ceiling_rows(
     """One JSON-ready row per GPU: the ceiling and the figures it was computed from."""
     rows: list[dict[str, Any]] = []
     for gpu in gpus:
+        fitted = fit(size, gpu, tensor_parallel_size)
         ceiling = decode_ceiling_tokens_per_s(
             gpu.memory_bandwidth_gb_s,
             size.weight_bytes_per_token,
@@ -58,7 +108,10 @@ def ceiling_rows(
         row: dict[str, Any] = {
             "gpu": gpu.name,
             "memory_bandwidth_gb_s": gpu.memory_bandwidth_gb_s,
-            "decode_ceiling_tokens_per_s": round(ceiling, 2),
+            # No rate for a model the card cannot hold: it would not run at all.
+            "decode_ceiling_tokens_per_s": (
+                None if fitted is not None and not fitted.fits else round(ceiling, 2)
+            ),
             "weight_bytes_per_token": size.weight_bytes_per_token,
             "parameters_billion": round(size.parameters / 1e9, 3),
             "dtype": size.dtype,
@@ -69,5 +122,10 @@ def ceiling_rows(
         }
         if size.kv_bytes_per_token is not None:
             row["kv_bytes_per_token"] = size.kv_bytes_per_token
+        if fitted is not None:
+            row["fits"] = fitted.fits
+            row["min_tensor_parallel_size"] = fitted.min_tensor_parallel_size
+            if not fitted.fits:
+                row["does_not_fit"] = fitted.text()
         rows.append(row)
     return rows

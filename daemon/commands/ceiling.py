@@ -18,6 +18,7 @@ from vllm_triage.ceiling.hardware import ceiling_rows
 from vllm_triage.ceiling.resolve import model_size, table_model
 from vllm_triage.ceiling.sizing import ModelSize
 from vllm_triage.commands.argtypes import fraction, positive_float, positive_int
+from vllm_triage.core.counts import counted
 from vllm_triage.errors import ConfigError
 
 DESCRIPTION = """\
@@ -28,7 +29,9 @@ whether to fix the serving stack or the hardware. Give the model as a parameter 
 (every weight read per token), as its config.json, or by the name vLLM serves it under
 when the bundled model table has it (mixture-of-experts models read only their active
 experts; the KV cache bytes per token are reported too). The "facts" line says where
-each figure came from, as the daemon's decode_facts_source does."""
+each figure came from, as the daemon's decode_facts_source does. A card whose memory
+cannot hold the weights (at vLLM's default 90% of it, split over --tensor-parallel-size
+cards) gets no rate: it says so, and the least tensor-parallel size that would hold them."""
 
 EPILOG = """\
 examples:
@@ -165,7 +168,14 @@ def _render_text(
     lines.extend(f"note: {n}" for n in size.notes)
     table = [("GPU", "bandwidth GB/s", "ceiling tok/s")]
     table += [
-        (r["gpu"], f"{r['memory_bandwidth_gb_s']:g}", f"{r['decode_ceiling_tokens_per_s']:.0f}")
+        (
+            r["gpu"],
+            f"{r['memory_bandwidth_gb_s']:g}",
+            # A card that cannot hold the weights has no rate: it would not run at all.
+            f"{r['decode_ceiling_tokens_per_s']:.0f}"
+            if r["decode_ceiling_tokens_per_s"] is not None
+            else f"does not fit (TP >= {r['min_tensor_parallel_size'] or '128+'})",
+        )
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(3)]
@@ -175,6 +185,15 @@ def _render_text(
     for name, bandwidth, ceiling in table:
         lines.append(f"{name:<{widths[0]}}  {bandwidth:>{widths[1]}}  {ceiling:>{widths[2]}}")
     lines.append("")
+    unfit = [r for r in rows if r.get("does_not_fit")]
+    if len(rows) == 1 and unfit:
+        lines.append(f"{unfit[0]['gpu']}: {unfit[0]['does_not_fit']}.")
+    elif unfit:
+        lines.append(
+            f"{counted(len(unfit), 'card')} cannot hold the weights at tensor parallel size "
+            f"{args.tensor_parallel_size} (vLLM uses 90% of a card by default): no rate; "
+            "TP >= N is the least split that holds the weights alone."
+        )
     lines.append("Published peak bandwidth; measured speed is below it (KV reads not included).")
     return "\n".join(lines)
 

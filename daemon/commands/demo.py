@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vllm_triage.commands.argtypes import positive_float
+from vllm_triage.core.counts import counted
 from vllm_triage.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -100,7 +102,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--record",
         metavar="DIR",
-        help="--offline: also write each scenario's scrapes to DIR/<scenario>/ for `replay`",
+        help=(
+            "live: the daemon records each scenario it scrapes into DIR/<scenario>/ and the "
+            "report goes beside it (default: a new temporary folder, named at the end); "
+            "--offline: also write each scenario's scrapes to DIR/<scenario>/ for `replay`"
+        ),
     )
     p.set_defaults(func=run)
 
@@ -122,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
         if args.keep_running:
             raise ConfigError("--keep-running is for the live demo (without --offline)")
         return _run_offline(args)
-    if args.record or args.format != "text":
-        raise ConfigError("--record and --format need --offline")
+    if args.format != "text":
+        raise ConfigError("--format needs --offline")
     from vllm_triage.demo.live import DEFAULT_LIVE, run_live_demo
 
     names = tuple(dict.fromkeys(args.scenario or DEFAULT_LIVE))
@@ -136,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         keep_running=args.keep_running,
         report=lambda result: outcome.update(code=_report(result)),
+        record_dir=Path(args.record) if args.record else None,
     )
     code = outcome.get("code", 1)
     if args.keep_running and code != 130:
@@ -157,7 +164,8 @@ def _report(result: LiveDemoResult) -> int:
         print(f"{name}: {'as built' if ok else 'NOT AS BUILT'}: {why}")
         print(f"  alerts fired: {fired}; resolved: {resolved}")
     print(
-        f"{result.delivered} notifications delivered to the local receiver, {result.failed} failed."
+        f"{counted(result.delivered, 'notification')} delivered to the local receiver, "
+        f"{result.failed} failed."
     )
     if result.first_payload is not None:
         print("\nThe first of them, as your receiver would get it (Alertmanager webhook, v4):")
@@ -170,12 +178,25 @@ def _report(result: LiveDemoResult) -> int:
         print(result.report.path)
     elif result.report_error:
         print(result.report_error)
+    if result.recording is not None:
+        print(kept_text(result.recording, result.recording_bytes, result.settings_file))
     return 0 if good and not result.failed else 1
 
 
-def _run_offline(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def kept_text(folder: Path, size: int, settings: Path | None = None) -> str:
+    """The folder the live demo leaves: named, sized, and how to be rid of it. Kept, not
+    cleaned: it holds the report just printed, to open after the demo has gone."""
+    again = "<scenario>" if settings is None else settings.name.removesuffix("-settings.yaml")
+    config = f" --config {settings}" if settings is not None else ""
+    return (
+        f"\nRecording kept in {folder} ({size / 1e6:.1f} MB): the daemon's own scrapes, "
+        f"its settings and the report (`vllm-triage replay {folder}/{again}{config}` "
+        "tells what the alerts told); delete it when done (rm -r it), or pass "
+        "--record DIR to choose where it goes."
+    )
 
+
+def _run_offline(args: argparse.Namespace) -> int:
     from vllm_triage.core.report import transition_json, transition_text
     from vllm_triage.demo.offline import DEFAULT_SCENARIOS, run_demo
 
@@ -205,12 +226,15 @@ def _run_offline(args: argparse.Namespace) -> int:
             print("   " + transition_text(t).replace("\n", "\n   "))
         fired = ", ".join(run.fired) or "no incident"
         if run.problems:
-            print(f"   -> NOT AS BUILT over {run.scrapes} scrapes (fired: {fired}):")
+            print(f"   -> NOT AS BUILT over {counted(run.scrapes, 'scrape')} (fired: {fired}):")
             print("\n".join(f"      - {p}" for p in run.problems) + "\n", flush=True)
         else:
-            print(f"   -> as built over {run.scrapes} scrapes (fired: {fired})\n", flush=True)
+            print(
+                f"   -> as built over {counted(run.scrapes, 'scrape')} (fired: {fired})\n",
+                flush=True,
+            )
     if text:
-        print(f"{good}/{len(names)} scenarios diagnosed as built.")
+        print(f"{good} of {counted(len(names), 'scenario')} diagnosed as built.")
         if record_dir is not None:
             print(
                 f"Recordings in {record_dir}/<scenario>/: "

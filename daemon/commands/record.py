@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from vllm_triage.commands.argtypes import http_url, positive_float, positive_int
+from vllm_triage.core.counts import counted
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -14,7 +15,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="save a target's /metrics, one file per scrape, for replay",
         description=(
             "Scrape URL every --interval seconds and write each raw body to "
-            "DIR/<unix_time_ms>.prom. A failed scrape is logged and skipped; the "
+            "DIR/<unix_time_ms>.prom. A first scrape that cannot connect ends it at "
+            "once (exit 1); later, a failed scrape is logged and skipped and the "
             "recording goes on. Without --duration it runs until Ctrl-C. Exit 1 if nothing "
             "usable was recorded (every scrape failed, or no body held vLLM metrics). A "
             "recording of an incident (a slow server, a stalled engine) can be diagnosed "
@@ -59,21 +61,30 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_triage.errors import ScrapeError
     from vllm_triage.recording.record import record
 
-    stats = record(
-        args.url,
-        args.out,
-        interval=args.interval,
-        duration=args.duration,
-        timeout=args.timeout,
-        max_body_bytes=args.max_body_bytes,
-    )
+    try:
+        stats = record(
+            args.url,
+            args.out,
+            interval=args.interval,
+            duration=args.duration,
+            timeout=args.timeout,
+            max_body_bytes=args.max_body_bytes,
+        )
+    except ScrapeError as exc:
+        print(
+            f"vllm-triage record: error: cannot connect, nothing recorded: {exc}",
+            file=sys.stderr,
+        )
+        return 1
     if stats.written > stats.unparseable:
         return 0
     if stats.written:
         why = f"none of the {stats.written} bodies written to {args.out} holds vLLM metrics"
     else:
-        why = f"nothing recorded: all {stats.failed} scrapes failed"
+        which = "the" if stats.failed == 1 else "all"
+        why = f"nothing recorded: {which} {counted(stats.failed, 'scrape')} failed"
     print(f"vllm-triage record: error: {why}: {stats.last_error}", file=sys.stderr)
     return 1

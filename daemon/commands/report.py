@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vllm_triage.core.counts import counted
+
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -47,8 +49,10 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     print(
-        f"wrote {written.path} ({written.size_bytes / 1e6:.2f} MB): {written.incidents} "
-        f"incidents over {written.evaluations} evaluations, {written.skipped} files not usable",
+        f"wrote {written.path} ({written.size_bytes / 1e6:.2f} MB): "
+        f"{counted(written.incidents, 'incident')} over "
+        f"{counted(written.evaluations, 'evaluation')}, "
+        f"{counted(written.skipped, 'file')} not usable",
         file=sys.stderr,
     )
     print(written.path)

@@ -18,8 +18,8 @@ Grafana, and send alert webhooks with the diagnosis.
 Settings come from rules/defaults.yaml, then --config FILE, then VLLM_TRIAGE_* variables
 (nested keys with __, lists as JSON), then these flags. The keys beside the SLOs and
 thresholds: listen, interval_seconds, scrape_timeout_seconds, max_body_bytes,
-shutdown_grace_seconds, state_dir, targets, receivers, alerting. See docs/operations.md,
-"Run it".
+shutdown_grace_seconds, state_dir, targets, receivers, alerting, record. See
+docs/operations.md, "Run it".
 
 Open incidents, what each receiver was told and undelivered notifications are kept in
 state_dir (default $XDG_STATE_HOME/vllm-triage), so a restart or a crash loses no alert.
@@ -79,6 +79,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="URL",
         help="an Alertmanager-format webhook receiver (repeatable; replaces the file's receivers)",
     )
+    p.add_argument(
+        "--record",
+        metavar="DIR",
+        help=(
+            "also keep every scrape the daemon takes, as DIR/<target>/<unix_time_ms>.prom "
+            "(the format `record` writes): `report DIR/<target>` then tells exactly what "
+            "the alerts said (record.max_bytes, 1 GiB per target by default, bounds it)"
+        ),
+    )
     p.set_defaults(func=run)
 
 
@@ -90,6 +99,8 @@ def flags(args: argparse.Namespace) -> dict[str, Any]:
         out["interval_seconds"] = args.interval
     if args.target:
         out["targets"] = args.target
+    if args.record is not None:
+        out["record"] = {"dir": args.record}
     if args.webhook:
         out["receivers"] = [
             # Unnamed: known by type and URL, so reordering the flags moves nothing.

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from vllm_triage.commands.argtypes import port_number, positive_float, unix_time
+from vllm_triage.core.counts import counted
 from vllm_triage.errors import ConfigError
 from vllm_triage.simulator import Scenario, get_scenario, hold_last_phase, record, scenario_names
 
@@ -180,7 +181,8 @@ def _record(args: argparse.Namespace, scenario: Scenario) -> int:
         _error(f"{directory}: cannot write: {exc.strerror or exc}")
         return 1
     print(
-        f"simulate: wrote {written} scrapes of {scenario.name} ({args.duration:g} simulated s, "
+        f"simulate: wrote {counted(written, 'scrape')} of {scenario.name} "
+        f"({args.duration:g} simulated s, "
         f"every {interval:g} s, {args.naming} names) to {directory} "
         f"in {time.perf_counter() - began:.1f} s",
         file=sys.stderr,

@@ -85,9 +85,45 @@ def _shown(key: tuple[int | str, ...], got: Any) -> str:
     return _SHOWN.repr(got)
 
 
-def _describe(exc: ValidationError, source: str) -> str:
-    lines = [f"invalid settings ({source}):"]
-    errors = exc.errors()
+def _without(data: Any, loc: tuple[int | str, ...]) -> Any:
+    """``data`` with the key at ``loc`` taken out (a copy; the rest shared)."""
+    if not loc:
+        return data
+    head, rest = loc[0], loc[1:]
+    if isinstance(data, Mapping) and head in data:
+        if not rest:
+            return {k: v for k, v in data.items() if k != head}
+        return {**data, head: _without(data[head], rest)}
+    if isinstance(data, list) and isinstance(head, int) and 0 <= head < len(data):
+        return [_without(v, rest) if i == head else v for i, v in enumerate(data)]
+    return data
+
+
+def _all_errors(data: Mapping[str, Any], exc: ValidationError) -> list[Any]:
+    """Every error, in one pass. Pydantic runs a model's own checks (a window shorter
+    than the interval, repeated names) only once its fields are valid, so a misspelt key
+    would hide them until it is fixed: the settings are validated again without the
+    unknown keys, and what that finds is added."""
+    errors = list(exc.errors())
+    unknown = [tuple(e["loc"]) for e in errors if e["type"] == "extra_forbidden"]
+    if not unknown:
+        return errors
+    cleaned: Any = dict(data)
+    for loc in unknown:
+        cleaned = _without(cleaned, loc)
+    try:
+        Settings(**cleaned)
+    except ValidationError as again:
+        seen = {(tuple(e["loc"]), e["msg"]) for e in errors}
+        errors += [e for e in again.errors() if (tuple(e["loc"]), e["msg"]) not in seen]
+    return errors
+
+
+def _describe(
+    exc: ValidationError, source: str, data: Mapping[str, Any], unknown_env: list[str]
+) -> str:
+    lines = [f"invalid settings ({source}):", *unknown_env]
+    errors = _all_errors(data, exc)
     if len(errors) > _MAX_ERRORS:
         lines.append(f"  ({len(errors)} errors; the first {_MAX_ERRORS}:)")
     for err in errors[:_MAX_ERRORS]:
@@ -238,18 +274,21 @@ def load_settings(
     if flags:
         source += ", and command-line flags"
     unknown = unknown_environment()
+    try:
+        # The environment beats the files and the flags beat both, key by key.
+        merged = deep_merge(merged, EnvSettingsSource(Settings)())
+        merged = deep_merge(merged, dict(flags or {}))
+        settings = Settings(**merged)
+    except ValidationError as exc:
+        # Unknown variables, unknown keys and bad values are told together, in one pass.
+        raise ConfigError(_describe(exc, source, merged, unknown)) from None
+    except SettingsError as exc:
+        # A VLLM_TRIAGE_* variable that is not valid JSON for a list or mapping; the
+        # message names the field, not the value.
+        raise ConfigError(f"invalid settings ({source}): {quoted(str(exc))}") from None
     if unknown:
         raise ConfigError(
             "unknown VLLM_TRIAGE_* environment variables (no setting reads them):\n"
             + "\n".join(unknown)
         )
-    try:
-        # The environment beats the files and the flags beat both, key by key.
-        merged = deep_merge(merged, EnvSettingsSource(Settings)())
-        return Settings(**deep_merge(merged, dict(flags or {})))
-    except ValidationError as exc:
-        raise ConfigError(_describe(exc, source)) from None
-    except SettingsError as exc:
-        # A VLLM_TRIAGE_* variable that is not valid JSON for a list or mapping; the
-        # message names the field, not the value.
-        raise ConfigError(f"invalid settings ({source}): {quoted(str(exc))}") from None
+    return settings

@@ -401,6 +401,22 @@ class AlertingSettings(BaseModel):
     external_url: HttpUrl | None = None
 
 
+#: A recording's bytes per target at most, by default: about a day of one vLLM server with
+#: one model scraped every 5 s (vLLM 0.19's /metrics is about 57 KB: 17,280 scrapes a day).
+DEFAULT_RECORD_MAX_BYTES = 1024**3
+
+
+class RecordSettings(BaseModel):
+    """``run --record DIR``: the daemon keeps each scrape it takes, in the format
+    ``record`` writes, one folder per target (``DIR/<target>/``)."""
+
+    model_config = _FROZEN
+    dir: str | None = Field(default=None, min_length=1)
+    #: Past this many bytes written (per target), recording stops, logged and counted:
+    #: a daemon runs for months and the disk is shared.
+    max_bytes: int = Field(default=DEFAULT_RECORD_MAX_BYTES, ge=1024 * 1024)
+
+
 class Settings(BaseSettings):
     """Everything the core and the daemon need."""
 
@@ -447,6 +463,7 @@ class Settings(BaseSettings):
     targets: list[TargetSettings] = Field(default_factory=list)
     receivers: list[ReceiverSettings] = Field(default_factory=list)
     alerting: AlertingSettings = AlertingSettings()
+    record: RecordSettings = RecordSettings()
 
     @model_validator(mode="after")
     def _source(self) -> Settings:
@@ -457,6 +474,14 @@ class Settings(BaseSettings):
                 raise ValueError(
                     "source: prometheus discovers its targets; remove `targets` (or use "
                     "source: scrape)"
+                )
+            if self.record.dir is not None:
+                # Fleet mode reads Prometheus' query answers, not /metrics bodies: there
+                # would be nothing to keep, and silently keeping nothing is worse.
+                raise ValueError(
+                    "record.dir (--record) keeps the /metrics bodies the daemon scrapes; "
+                    "source: prometheus scrapes none (record each server with "
+                    "`vllm-triage record URL --out DIR` instead)"
                 )
         return self
 

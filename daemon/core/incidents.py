@@ -47,6 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from vllm_triage.core.counts import counted
 from vllm_triage.core.model import CAUSES, Cause, Diagnosis, Reason, Transition
 
 
@@ -394,11 +395,11 @@ def _change_text(before: Cause, after: Cause, t: _Track) -> str:
     """Why an open incident changed cause, as a notification says it."""
     if t.replaced_run:
         return (
-            f"{after} led for {t.challenger_run} evaluations in a row, the last "
+            f"{after} led for {counted(t.challenger_run, 'evaluation')} in a row, the last "
             f"{t.replaced_run} without {before}'s symptoms"
         )
     return (
-        f"{after} led for {t.challenger_run} evaluations in a row while {before} was "
+        f"{after} led for {counted(t.challenger_run, 'evaluation')} in a row while {before} was "
         "still present: the evidence moved"
     )
 

@@ -193,6 +193,12 @@ class Progress:
     last_values: Mapping[str, float] = field(default_factory=dict)
     previous_stall_seconds: float | None = None
     previous_stall_ended_seconds_ago: float | None = None
+    #: That stretch was already under way when watching began (``check`` started during
+    #: a hang): it lasted at least ``previous_stall_seconds``, how much longer is unknown.
+    previous_stall_censored: bool = False
+    #: How long the engine has been watched (since the first snapshot, or since a gap in
+    #: the scrapes started the watch again); None: not known.
+    watched_seconds: float | None = None
     #: Mean seconds between the window's snapshots (the scrape interval, as seen).
     interval_seconds: float | None = None
     #: Two or more data-parallel engines: each one's seconds without progress with its own
@@ -237,6 +243,11 @@ class Signals:
     itl_p99: Quantile | None = None
     itl_mean: float | None = None
     itl_count: float = 0.0
+    #: The longest inter-token gap that ended in the window was at least this long (the
+    #: lower bound of the highest ITL bucket with an observation); None: none, or no ITL.
+    #: A gap of ``stall_after_seconds`` is a stall that just ended, even when no two
+    #: snapshots saw the engine still (``core.stall``).
+    itl_longest_at_least: float | None = None
     queue_time_mean: float | None = None
     queue_time_count: float = 0.0
     #: Rendering in the API server (chat template, tokenization, multimodal

@@ -157,6 +157,7 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
         itl_p99=itl.quantiles.get(0.99),
         itl_mean=itl.mean,
         itl_count=itl.count,
+        itl_longest_at_least=longest_at_least(hists.get("itl")) if span > 0 else None,
         queue_time_mean=means["queue_time_mean"],
         queue_time_count=queued.count if queued is not None else 0.0,
         render_time_mean=_mean(hists.get("render_time")) if span > 0 else None,
@@ -202,6 +203,20 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
         estimated_read_bytes=counters.get("estimated_read_bytes") if span > 0 else None,
         estimated_flops=counters.get("estimated_flops") if span > 0 else None,
     )
+
+
+def longest_at_least(h: Histogram | None) -> float | None:
+    """The lower bound of the highest bucket holding an observation of (delta) ``h``:
+    its longest observation was at least that long. None when it holds none."""
+    if h is None:
+        return None
+    below = 0.0
+    found: float | None = None
+    for i, c in enumerate(h.cumulative):
+        if c > below:
+            found = h.bounds[i - 1] if i > 0 else 0.0
+        below = max(below, c)
+    return found
 
 
 def _mean(h: Histogram | None) -> float | None:

@@ -25,8 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_triage.core import predict
-from vllm_triage.core.checks import confidence_of
-from vllm_triage.core.facts import rounded
+from vllm_triage.core.checks import breaches_of, confidence_of
+from vllm_triage.core.counts import counted
+from vllm_triage.core.facts import facts_of, rounded
 from vllm_triage.core.model import Diagnosis, EvidenceValue, Progress, Signals
 from vllm_triage.core.rulebook import Rulebook
 
@@ -57,6 +58,9 @@ class _Stall:
     frozen: bool  # no progress with work outstanding, not (yet) that long
     aftermath: bool  # a stall ended inside the window
     kind: str  # hung, asleep or stale_gauges
+    #: A stall ended inside the window that was already under way when watching began,
+    #: seen for less than ``breach_at``: how long it really lasted is unknown.
+    recovered: bool = False
     #: The engines stuck (data parallelism; empty for one engine), and of how many.
     engines: tuple[str, ...] = ()
     engines_total: int = 0
@@ -85,12 +89,28 @@ def _stall(s: Signals, rules: Rulebook, open_after: int) -> _Stall | None:
             aftermath=False,
             kind="stale_gauges",
         )
+    previous = p.previous_stall_seconds
+    # A stall that just ended may show in no two snapshots (watching began in its last
+    # seconds) but in the gap it left between two tokens of a running request: that long
+    # without a step. Only when watching began inside this window (a stall watched from
+    # its start was judged as one), and without preemptions in it (a preempted request
+    # also waits between its tokens).
+    gap = s.itl_longest_at_least
+    young = p.watched_seconds is not None and p.watched_seconds <= s.span_seconds
+    gap_stall = (
+        young
+        and gap is not None
+        and gap >= rules.thresholds.stall_after_seconds
+        and s.preemptions_per_second == 0
+    )
     return _Stall(
         progress=p,
         breach_at=breach_at,
         stalled=without > 0 and without >= breach_at,
         frozen=without > 0,
-        aftermath=p.previous_stall_seconds is not None and p.previous_stall_seconds >= breach_at,
+        aftermath=previous is not None and previous >= breach_at,
+        recovered=(previous is not None and previous < breach_at and p.previous_stall_censored)
+        or gap_stall,
         kind=kind,
         engines=stuck,
         engines_total=len(p.engines_without),
@@ -117,7 +137,7 @@ def _stall_evidence(s: Signals, st: _Stall, rules: Rulebook) -> dict[str, Eviden
     }
     if st.engines_total:
         ev["stalled_engines"] = st.engines
-        ev["engines_stalled"] = f"{len(st.engines)} of {st.engines_total} engines"
+        ev["engines_stalled"] = f"{len(st.engines)} of {counted(st.engines_total, 'engine')}"
     if p.asleep:
         ev["engines_asleep"] = tuple(f"{e}:{state}" for e, state in sorted(p.asleep.items()))
     if p.owed_asleep:
@@ -136,20 +156,22 @@ def _stalled(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
     checks: list[bool | None] = [True, gauges, probe_check, "iterations" in p.checked]
     without = p.seconds_without_progress
     if st.engines and all(e in p.owed_asleep for e in st.engines) and not gauges:
+        taken = round(sum(p.owed_asleep[e] for e in st.engines))
         owed = (
-            f"{sum(p.owed_asleep[e] for e in st.engines):.0f} requests taken by the API "
+            f"{counted(taken, 'request')} taken by the API "
             "server and not finished since it fell asleep (its gauges, frozen, cannot show "
             "them)"
         )
     elif gauges:
         owed = (
-            f"{p.running or 0:g} requests running and {p.waiting or 0:g} waiting "
+            f"{counted(p.running or 0, 'request')} running and {p.waiting or 0:g} waiting "
             "(gauges frozen at the last engine update)"
         )
     else:
         owed = f"a one-token probe unanswered for {probe or 0:.0f} s while the gauges say idle"
     which = (
-        f"engine {', '.join(st.engines)} ({len(st.engines)} of {st.engines_total} engines)"
+        f"engine {', '.join(st.engines)} "
+        f"({len(st.engines)} of {counted(st.engines_total, 'engine')})"
         if st.engines_total
         else "engine"
     )
@@ -247,4 +269,73 @@ def stall_diagnosis(s: Signals, rules: Rulebook, open_after: int) -> Diagnosis |
         return _stalled(s, stall, rules)
     if stall.frozen or stall.aftermath:
         return _held(s, stall, rules)
+    if stall.recovered:
+        return _recovered(s, stall, rules)
     return None
+
+
+def _recovered(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis | None:
+    """A stall that has just ended, seen only in its last seconds (``check`` started as
+    a hang ended; the daemon started, or came back, during one): the engine had made no
+    progress with work outstanding since watching began, then moved. The requests that
+    waited through it finish now with TTFTs (and inter-token gaps) as long as the stall,
+    and the queue they sat in is already gone: that is the stall's doing, not a queue's
+    or prefill's, so ``stalled`` is said, with the evidence that it is over. Without a
+    latency breach there is nothing to explain: judged as usual (None)."""
+    f = facts_of(s, rules)
+    breaches = breaches_of(f)
+    if not (f.ttft_breach or f.itl_breach):
+        return None
+    p = st.progress
+    censored = p.previous_stall_censored and p.previous_stall_seconds is not None
+    gap = s.itl_longest_at_least or 0.0
+    seen = max(p.previous_stall_seconds or 0.0 if censored else 0.0, gap)
+    ago = p.previous_stall_ended_seconds_ago
+    ttft = s.ttft_p99.value if s.ttft_p99 is not None else None
+    # Latencies longer than the stall was seen: the waits began before watching did.
+    longer = None if ttft is None else ttft > seen
+    nobody_waits = None if s.waiting_mean is None else s.waiting_mean < 1.0
+    checks: list[bool | None] = [True, longer, nobody_waits]
+    how = (
+        "it was already still when watching began"
+        if censored
+        else f"an inter-token gap of at least {gap:.0f} s ended in the window"
+    )
+    if ago is None:
+        when = "resumed inside the window"
+    else:
+        when = f"resumed {ago:.0f} s ago" if ago > 0 else "resumed by the last scrape"
+    said = f"TTFT p99 {ttft:.0f} s" if f.ttft_breach and ttft is not None else "ITL p99"
+    waiting = f"{s.waiting_mean:.1f}" if s.waiting_mean is not None else "unknown"
+    summary = (
+        f"stalled, recovered: no engine step for at least {seen:.0f} s with work "
+        f"outstanding ({how}), then it {when}; the {said} is the requests that waited "
+        f"through the stall, not a queue ({waiting} waiting in the window)"
+    )
+    evidence = _stall_evidence(s, st, rules)
+    evidence.update(
+        rounded(
+            {
+                "stall_recovered": True,
+                "stall_seconds_at_least": seen,
+                "stall_ended_seconds_ago": ago,
+                "itl_longest_seconds_at_least": s.itl_longest_at_least,
+                "ttft_p99_seconds": ttft,
+                "requests_waiting_mean": s.waiting_mean,
+                "stall_kind": st.kind,
+            }
+        )
+    )
+    evidence["breaches"] = ",".join(breaches)
+    return Diagnosis(
+        model_name=s.model_name,
+        at=s.at,
+        breaches=breaches,
+        cause="stalled",
+        confidence=confidence_of(checks),
+        summary=summary,
+        evidence=evidence,
+        secondary=(),
+        remediation=rules.remediation.get("stalled", ()),
+        present=("stalled",),
+    )

@@ -67,6 +67,13 @@ class _Watch:
     without: float = 0.0  # seconds without progress, with work outstanding, at seen_at
     #: The last stretch without progress that ended: (seconds it lasted, when it ended).
     stall: tuple[float, float] | None = None
+    #: That stretch began before watching did (nothing had moved since the first
+    #: snapshot): it lasted at least ``stall[0]``, how much longer is unknown.
+    stall_censored: bool = False
+    #: A value has moved since watching began.
+    moved: bool = False
+    #: When watching began (the first snapshot, or the one after a gap restarted it).
+    began_at: float | None = None
     #: Since when the scheduler's gauges have sat still at non-zero values while the
     #: counters moved (vLLM's stale-gauge bug); None while they move or are zero. And the
     #: generation tokens counted then: still gauges are stale only once more tokens were
@@ -122,6 +129,8 @@ def _update(w: _Watch, values: dict[str, float], at: float, window: float) -> No
             w.stall is None or w.without >= w.stall[0] or at - w.stall[1] > window
         ):
             w.stall = (w.without, at)
+            w.stall_censored = not w.moved
+        w.moved = True
         counters_moved = any(
             values.get(k) != w.values.get(k) for k in values if k not in PROGRESS_GAUGES
         )
@@ -313,7 +322,7 @@ class Window:
                 # First sight, or a gap longer than the window (the daemon paused, the
                 # target was down or restarting): what happened in between is unknown,
                 # so the watch starts again here rather than count the gap as a stall.
-                w = self._watch[name] = _Watch(values, at, at)
+                w = self._watch[name] = _Watch(values, at, at, began_at=at)
             else:
                 _update(w, values, at, self.seconds)
             w.without = _without_progress(values, w.progress_at, snapshot)
@@ -397,6 +406,8 @@ class Window:
             previous_stall_ended_seconds_ago=(
                 newest.at - stall[1] if stall is not None and recent else None
             ),
+            previous_stall_censored=stall is not None and recent and w.stall_censored,
+            watched_seconds=newest.at - w.began_at if w.began_at is not None else None,
             interval_seconds=interval,
         )
 

@@ -35,7 +35,7 @@ from vllm_triage.core.report import transition_text
 from vllm_triage.demo.expectations import Event, Segment, problems, segments
 from vllm_triage.demo.offline import START_AT, TAIL_S, expected_of, scenario_facts
 from vllm_triage.demo.sink import WebhookSink
-from vllm_triage.demo.tour_report import LiveRecorder, demo_folder
+from vllm_triage.demo.tour_report import demo_folder, folder_size, write_diagnosis_settings
 from vllm_triage.demo.view import DemoTarget, render, status_lines
 from vllm_triage.errors import ConfigError, RecordingError
 from vllm_triage.recording.reportfile import WrittenReport, write_report
@@ -88,6 +88,8 @@ class LiveDemoResult:
     failed: int = 0
     #: The first notification the receiver got, as it arrived.
     first_payload: dict[str, Any] | None = None
+    #: Every notification the receiver got, in order.
+    received: list[dict[str, Any]] = field(default_factory=list)
     #: Stopped by Ctrl-C (or SIGTERM) before the scenario was over.
     interrupted: bool = False
     #: Per target, the daemon's failed scrapes of the simulator, by reason.
@@ -96,6 +98,11 @@ class LiveDemoResult:
     #: The post-mortem of the recorded target (``tour_report``), and where it lives.
     report: WrittenReport | None = None
     report_error: str = ""
+    #: The folder the demo leaves behind (the recordings and the report), and its size.
+    recording: Path | None = None
+    recording_bytes: int = 0
+    #: The diagnosis settings of the reported target, for `replay --config`.
+    settings_file: Path | None = None
     status_url: str = ""
 
     def fired(self, name: str) -> list[str]:
@@ -138,9 +145,11 @@ def demo_settings(
     speed: float,
     listen: str,
     sink_url: str,
+    record_dir: Path | None = None,
 ) -> Settings:
     """The daemon's settings: the scenarios' own SLOs under the user's file and variables,
-    a scrape every 5 simulated seconds, each target told its card, the local receiver."""
+    a scrape every 5 simulated seconds, each target told its card, the local receiver,
+    and (``record_dir``) the daemon's own recording of each target, for the report."""
     slo = shared_slo(scenarios)
     return load_settings(
         config,
@@ -164,6 +173,7 @@ def demo_settings(
                     "retry_max_seconds": 1.0,
                 }
             ],
+            **({"record": {"dir": str(record_dir)}} if record_dir is not None else {}),
         },
         base={"slo": slo} if slo else None,
     )
@@ -180,9 +190,12 @@ def run_live_demo(
     tty: bool | None = None,
     keep_running: bool = False,
     report: Callable[[LiveDemoResult], None] | None = None,
+    record_dir: Path | None = None,
 ) -> LiveDemoResult:
     """Run the demo; ``report`` is called with the result when the scenario is over (with
-    ``keep_running``, before the demo waits for Ctrl-C with its URLs still serving)."""
+    ``keep_running``, before the demo waits for Ctrl-C with its URLs still serving). The
+    daemon's recordings and the report go to ``record_dir`` (else a new temporary
+    folder), which is left for the user (``demo.tour_report``)."""
     scenarios = {name: get_scenario(name) for name in names}
     total = duration_s or max(s.duration_s for s in scenarios.values()) + TAIL_S
     servers = {
@@ -196,12 +209,21 @@ def run_live_demo(
     ]
     urls = {n: f"http://127.0.0.1:{srv.address[1]}/metrics" for n, srv in servers.items()}
     # The daemon keeps its alert state as `run` does, in a folder that goes with the demo.
+    # The daemon records what it scrapes itself (`run --record`): the report is made from
+    # exactly what the alerts were judged on.
+    kept = demo_folder(record_dir)
     with WebhookSink() as sink, tempfile.TemporaryDirectory(prefix="vllm-triage-demo-") as tmp:
         state = Path(tmp)
 
         def settings(at: str) -> Settings:
             return demo_settings(
-                config, scenarios=scenarios, urls=urls, speed=speed, listen=at, sink_url=sink.url
+                config,
+                scenarios=scenarios,
+                urls=urls,
+                speed=speed,
+                listen=at,
+                sink_url=sink.url,
+                record_dir=kept,
             )
 
         clock = scaled_clock(speed)
@@ -214,17 +236,10 @@ def run_live_demo(
             daemon = build_daemon(own, clock=clock, default_state_dir=state)
         for t in threads:
             t.start()
-        # The tour (or the first target) is recorded beside the daemon, for its report.
+        # The tour (or the first target) gets a post-mortem report from its recording.
         reported = "tour" if "tour" in scenarios else next(iter(scenarios))
-        recorder = LiveRecorder(
-            urls[reported],
-            demo_folder() / reported,
-            clock=clock,
-            interval_s=SCRAPE_EVERY_SIM_S / speed,
-        )
-        recorder.start()
         demo = _Demo(
-            daemon, own, servers, scenarios, sink, total=total, speed=speed, recorder=recorder
+            daemon, own, servers, scenarios, sink, total=total, speed=speed, reported=reported
         )
         try:
             return asyncio.run(
@@ -236,7 +251,6 @@ def run_live_demo(
                 )
             )
         finally:
-            recorder.stop()
             stop_sims.set()
             for t in threads:
                 t.join(timeout=5)
@@ -255,7 +269,8 @@ class _Demo:
     sink: WebhookSink
     total: float
     speed: float
-    recorder: LiveRecorder
+    #: The target whose recording the report is made from.
+    reported: str
     interrupted: bool = False
 
     @property
@@ -315,19 +330,28 @@ class _Demo:
         return result
 
     def _write_report(self, result: LiveDemoResult) -> None:
-        """The post-mortem report of the recorded target, from what was recorded so far."""
-        self.recorder.stop()
+        """The post-mortem report of the reported target, from the daemon's own recording
+        of it so far (``run --record``): the scrapes its alerts were judged on."""
         daemon = self.daemon
         result.status_url = f"{daemon.url}/"
-        name = self.recorder.folder.name
+        name = self.reported
+        keeper = next(s.keeper for s in daemon.scrapers if s.name == name)
+        assert keeper is not None  # the demo's settings always record
+        folder = keeper.folder
+        result.recording = folder.parent
         target = next(t for t in self.settings.targets if t.name == name)
-        out_file = self.recorder.folder.parent / f"{name}-report.html"
+        settings = self.settings.for_target(target)
+        out_file = folder.parent / f"{name}-report.html"
         try:
-            result.report = write_report(
-                self.recorder.folder, report_parts(self.settings.for_target(target)), out_file
+            result.report = write_report(folder, report_parts(settings), out_file)
+            # The settings the diagnosis used (the scenario's SLOs and card): with them,
+            # `replay` and `report` of the folder say what the alerts said.
+            result.settings_file = write_diagnosis_settings(
+                settings, folder.parent / f"{name}-settings.yaml"
             )
         except (OSError, RecordingError) as exc:
             result.report_error = f"no report of {name}: {exc}"
+        result.recording_bytes = folder_size(folder.parent)
 
     def result(self) -> LiveDemoResult:
         """What the receiver got, per target, as the self-check reads it."""
@@ -336,6 +360,7 @@ class _Demo:
             delivered=len(received), interrupted=self.interrupted, speed=self.speed
         )
         res.first_payload = received[0] if received else None
+        res.received = list(received)
         seen: set[tuple[str, str, str, float]] = set()
         for w in self.daemon.targets:
             name = w.state.name

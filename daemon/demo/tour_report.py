@@ -1,60 +1,57 @@
-"""The live demo's post-mortem: record one simulated server while the daemon watches it,
-then write its report (``vllm-triage report``) when the demo ends.
+"""Where the live demo's post-mortem lives: the daemon records each simulated server it
+scrapes (``run --record``, ``scrape.keep``), and when the demo ends the report of one of
+them is written beside its recording (``vllm-triage report``).
 
-The recorder scrapes beside the daemon, on the demo's (faster) clock, and writes the
-format ``record`` writes, so the report is what ``vllm-triage report`` makes of a real
-recording; the folder stays, for ``replay`` and ``report`` by hand.
+The folder is kept, and named with its size when the demo ends: it holds the report the
+demo points to (open it in a browser after the demo has gone), and the recordings for
+``replay`` and ``report`` by hand. Deleting it at exit would delete the page the demo
+has just told you to open.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
-import threading
-from collections.abc import Callable
 from pathlib import Path
 
-from vllm_triage.errors import ScrapeError
-from vllm_triage.net.fetch import DEFAULT_MAX_BODY_BYTES, BlockingFetcher
-from vllm_triage.recording.files import write_atomically
+import yaml
+
+from vllm_triage.config.schema import Settings
+
+#: What a diagnosis of a recording depends on (the daemon's own keys left out).
+DIAGNOSIS_KEYS = {"window_seconds", "slo", "incident", "thresholds", "hardware", "model"}
 
 
-class LiveRecorder:
-    """Scrapes ``url`` every ``interval_s`` real seconds into ``folder`` until stopped."""
-
-    def __init__(
-        self, url: str, folder: Path, *, clock: Callable[[], float], interval_s: float
-    ) -> None:
-        self.url = url
-        self.folder = folder
-        self.written = 0
-        self.failed = 0
-        self._clock = clock
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="demo-recorder", daemon=True)
-
-    def start(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        with BlockingFetcher() as http:
-            while not self._stop.is_set():
-                at = self._clock()
-                try:
-                    body = http.fetch(self.url, timeout=2.0, max_body_bytes=DEFAULT_MAX_BODY_BYTES)
-                except ScrapeError:
-                    self.failed += 1  # the simulator is starting or stopping
-                else:
-                    write_atomically(self.folder, round(at * 1000), body)
-                    self.written += 1
-                self._stop.wait(self._interval_s)
-
-
-def demo_folder() -> Path:
-    """A new folder for this run's recording and report (nothing of another run's)."""
+def demo_folder(chosen: Path | None = None) -> Path:
+    """``chosen`` (``demo --record DIR``), made if need be, else a new temporary folder
+    for this run's recordings and report (nothing of another run's)."""
+    if chosen is not None:
+        chosen.mkdir(parents=True, exist_ok=True)
+        return chosen
     return Path(tempfile.mkdtemp(prefix="vllm-triage-demo-"))
+
+
+def folder_size(folder: Path) -> int:
+    """The bytes of the regular files under ``folder`` (what deleting it frees)."""
+    total = 0
+    for p in folder.rglob("*"):
+        try:
+            if p.is_file() and not p.is_symlink():
+                total += p.stat().st_size
+        except OSError:
+            continue  # gone meanwhile: nothing to count
+    return total
+
+
+def write_diagnosis_settings(settings: Settings, path: Path) -> Path:
+    """``settings``' diagnosis keys as a --config file (written whole, or not at all)."""
+    doc = settings.model_dump(mode="json", include=DIAGNOSIS_KEYS, exclude_none=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(
+        "# The settings the live demo's daemon diagnosed this target with: give them to\n"
+        "# `vllm-triage replay` or `report` (--config) to be told what its alerts said.\n"
+        + yaml.safe_dump(doc, sort_keys=True),
+        encoding="utf-8",
+    )
+    os.replace(tmp, path)
+    return path

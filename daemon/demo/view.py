@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vllm_triage.core.counts import counted
 from vllm_triage.core.incidents import Active, State
 from vllm_triage.core.model import Diagnosis, Quantile, Signals, Transition
 from vllm_triage.state import TargetState, View
@@ -60,7 +61,7 @@ def _incident_lines(
         n = view.clear_runs.get(model, 0)
         m = view.resolve_needed.get(model, view.resolve_after)
         return [
-            f"{head}, clearing: {n} of {m} clear evaluations",
+            f"{head}, clearing: {n} of {counted(m, 'clear evaluation')}",
             f"      the SLOs are met again; it resolves after {m} in a row",
         ]
     if d.cause is not None and d.cause != incident.cause:
@@ -153,7 +154,8 @@ def status_lines(state: TargetState, *, start_at: float) -> list[str]:
             verdict = "healthy" if not d.breaches else f"breaching {', '.join(d.breaches)}"
         elif view.states.get(model) is State.RESOLVING:
             n = view.clear_runs.get(model, 0)
-            verdict = f"{incident.cause} clearing, {n} of {view.resolve_after} clear evaluations"
+            of = counted(view.resolve_after, "clear evaluation")
+            verdict = f"{incident.cause} clearing, {n} of {of}"
         else:
             verdict = f"{incident.cause} firing"
         out.append(

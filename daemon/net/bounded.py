@@ -28,7 +28,9 @@ sends back, so each answer is read the same way, whoever asked:
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import ssl
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -137,13 +139,61 @@ def _decompressor(content_encoding: str, shown: str) -> zlib._Decompress | None:
     )
 
 
-def transport_error(exc: httpx.HTTPError, url: str, timeout: float, shown: str) -> ScrapeError:
-    """A transport error as a ``ScrapeError`` with its reason (and no secret of the URL)."""
+def transport_error(
+    exc: httpx.HTTPError, url: str, timeout: float, shown: str, *, answered: bool = False
+) -> ScrapeError:
+    """A transport error as a ``ScrapeError`` with its reason (and no secret of the URL).
+    ``answered``: the peer's status line had come (the error cut its body short)."""
     if isinstance(exc, httpx.TimeoutException):
         return ScrapeError(f"timed out after {timeout:g} s: {shown}", reason="timeout")
     reason = "connect" if isinstance(exc, httpx.ConnectError) else "http_error"
+    tls = _tls_error(exc)
+    if tls is not None:
+        return ScrapeError(_tls_text(tls, shown), reason="connect")
+    if not answered and _reset(exc) and shown.startswith("http://"):
+        # A TLS server reading a plain request hangs up without an answer; so does a
+        # crashing server: said as a question, with the fix if it is the first.
+        https = "https://" + shown.removeprefix("http://")
+        return ScrapeError(
+            f"{type(exc).__name__}: the connection was closed without an answer ({shown}); "
+            f"if that port serves TLS, use {https}",
+            reason=reason,
+        )
     text = scrub_url((_os_error(exc) or str(exc))[:300], url).replace(url, shown)
     return ScrapeError(f"{type(exc).__name__}: {text} ({shown})", reason=reason)
+
+
+def _tls_error(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS library's error down a transport error's chain of causes, if any."""
+    seen: BaseException | None = exc
+    for _ in range(10):
+        if seen is None:
+            return None
+        if isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _tls_text(err: ssl.SSLError, shown: str) -> str:
+    """A TLS failure as a user can act on it. ``WRONG_VERSION_NUMBER``: what came back
+    was not TLS at all, almost always a plain-HTTP server behind an https:// URL."""
+    if err.reason == "WRONG_VERSION_NUMBER" and shown.startswith("https://"):
+        plain = "http://" + shown.removeprefix("https://")
+        return f"the target answered plain HTTP to an https:// URL ({shown}); use {plain}"
+    if isinstance(err, ssl.SSLCertVerificationError):
+        why = err.verify_message or err.reason or "certificate verify failed"
+        return f"TLS: the server's certificate is not trusted ({why}) ({shown})"
+    return f"TLS handshake failed: {err.reason or err} ({shown})"
+
+
+def _reset(exc: httpx.HTTPError) -> bool:
+    """The peer closed or reset the connection."""
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "without sending" in str(exc)
+    if isinstance(exc, httpx.ReadError):
+        return _os_error(exc) == os.strerror(errno.ECONNRESET) or not str(exc)
+    return False
 
 
 def _os_error(exc: BaseException) -> str | None:
@@ -154,7 +204,9 @@ def _os_error(exc: BaseException) -> str | None:
     for _ in range(10):  # the chain is a few links long; never loop on a cycle
         if seen is None:
             return None
-        if isinstance(seen, OSError) and seen.errno is not None:
+        # An SSLError is an OSError whose errno is the TLS library's code, not the
+        # system's (1 would read "Operation not permitted"): ``_tls_error`` says those.
+        if isinstance(seen, OSError) and not isinstance(seen, ssl.SSLError) and seen.errno:
             return os.strerror(seen.errno)
         seen = seen.__cause__ or seen.__context__
     return None
@@ -181,6 +233,7 @@ async def request(
     keeps the bytes as they came (a receiver's answer, which only its status matters for)."""
     shown = shown or safe_url(url)
     sent = {"Accept-Encoding": "identity", **(headers or {})}
+    answered = False
     try:
         async with asyncio.timeout(timeout):
             try:
@@ -195,6 +248,7 @@ async def request(
                     timeout=timeout,
                     follow_redirects=False,
                 ) as resp:
+                    answered = True
                     if resp.status_code // 100 != 2:
                         return Answer(resp.status_code, resp.headers, b"")
                     encoding = resp.headers.get("Content-Encoding", "")
@@ -208,7 +262,7 @@ async def request(
                         raise
                     return Answer(resp.status_code, resp.headers, limit.body())
             except httpx.HTTPError as exc:
-                raise transport_error(exc, url, timeout, shown) from exc
+                raise transport_error(exc, url, timeout, shown, answered=answered) from exc
             except httpx.InvalidURL as exc:
                 raise ScrapeError(f"invalid URL {shown}", reason="http_error") from exc
     except TimeoutError as exc:

@@ -7,6 +7,7 @@ file and is logged; the recording goes on.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,11 +48,16 @@ def record(
 ) -> RecordStats:
     """Scrape ``url`` every ``interval`` seconds into ``out`` until ``duration`` has passed.
 
+    A first scrape that cannot connect raises its ``ScrapeError`` at once (and removes
+    ``out`` if this call created it): a wrong URL is said in a second, not after the
+    whole duration.
+
     With no duration it runs until interrupted (Ctrl-C), which ends it cleanly. Scrapes are
     paced from the start time, not from the end of the previous scrape, so a slow target
     does not stretch the interval; a scrape that overruns skips the missed ticks.
     """
     directory = Path(out)
+    created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     scrape_timeout = timeout if timeout is not None else max(min(interval, 10.0), 0.1)
     own_client = client is None
@@ -71,6 +77,13 @@ def record(
             try:
                 body = http.fetch(url, timeout=scrape_timeout, max_body_bytes=max_body_bytes)
             except ScrapeError as exc:
+                if stats.scrapes == 1 and exc.reason == "connect":
+                    # Nothing listens there (or not in that language): waiting out the
+                    # duration would only write nothing. A target that dies later is
+                    # recorded as failures, below: that is what a recording is for.
+                    if created:
+                        _remove_if_empty(directory)
+                    raise
                 stats.failed += 1
                 stats.last_error = str(exc)
                 log.warning("scrape_failed", url=safe_url(url), err=str(exc))
@@ -104,3 +117,9 @@ def record(
         unparseable=stats.unparseable,
     )
     return stats
+
+
+def _remove_if_empty(directory: Path) -> None:
+    # Not empty, or not ours to remove: then it is left as it is.
+    with contextlib.suppress(OSError):
+        directory.rmdir()

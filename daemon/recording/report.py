@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_triage import __version__
+from vllm_triage.core.counts import counted
 from vllm_triage.core.drive import Driver
 from vllm_triage.core.evaluate import Evaluator
 from vllm_triage.core.model import Transition
@@ -95,18 +96,20 @@ def report_document(directory: str | Path, parts: ReportParts, *, now: float) ->
         mode="report",
         title=f"vllm-triage report: {folder.resolve().name}",
         subtitle=(
-            f"{iso(start)} to {iso(end)} ({duration(end - start)}): {len(found)} "
-            f"incident{'s' if len(found) != 1 else ''}"
+            f"{iso(start)} to {iso(end)} ({duration(end - start)}): "
+            f"{counted(len(found), 'incident')}"
         ),
         now=now,
     )
-    era_text = "; ".join(f"{ERA_TEXT.get(e, e)} in {n} scrapes" for e, n in eras.most_common())
+    era_text = "; ".join(
+        f"{ERA_TEXT.get(e, e)} in {counted(n, 'scrape')}" for e, n in eras.most_common()
+    )
     version = notes.get("vllm")
     doc["range"] = [start, end]
     doc["facts"] = [
         ["recording", str(folder)],
         ["span", f"{iso(start)} to {iso(end)} ({duration(end - start)})"],
-        ["scrapes", f"{len(files)} files, {len(skipped)} not usable"],
+        ["scrapes", f"{counted(len(files), 'file')}, {len(skipped)} not usable"],
         ["scrape interval", "unknown" if interval is None else f"{interval:g} s (median)"],
         ["vLLM", str(version) if version else f"not recorded; the metric names say {era_text}"],
         ["metric names", era_text or "none readable"],
@@ -133,7 +136,7 @@ def report_document(directory: str | Path, parts: ReportParts, *, now: float) ->
             settings_values=constants,
         )
         count = len(part["incidents"])
-        part["state_text"] = f"{count} incident{'s' if count != 1 else ''}"
+        part["state_text"] = counted(count, "incident")
         doc["sections"].append(part)
     if not points:
         doc["empty"] = "No scrape of this recording could be evaluated (see the files below)."

@@ -23,6 +23,7 @@ from vllm_triage.core.parse import ParseLimits
 from vllm_triage.errors import ScrapeError
 from vllm_triage.logs import Throttle
 from vllm_triage.net.fetch import fetch_async, not_metrics_hint
+from vllm_triage.scrape.keep import ScrapeKeeper
 from vllm_triage.scrape.probe import Prober
 from vllm_triage.target import Target
 
@@ -48,10 +49,15 @@ class Scraper:
         *,
         client: httpx.AsyncClient,
         prober: Prober | None = None,
+        keeper: ScrapeKeeper | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.target = target
         self.parts = parts
+        #: The daemon's own recording of this target (``run --record``), when asked for.
+        self.keeper = keeper
+        if keeper is not None:
+            target.state.recording = keeper.stats
         #: The target's active probe, when its settings enable one (``scrape.probe``).
         self.prober = prober
         self.in_flight = False
@@ -74,6 +80,9 @@ class Scraper:
         self.in_flight = True
         target = self.target
         at = self._clock()
+        if self.keeper is not None:
+            # Judged at the time the file's name keeps, so a replay sees this very scrape.
+            at = self.keeper.file_time(at)
         started = time.monotonic()
         try:
             body = await fetch_async(
@@ -83,6 +92,10 @@ class Scraper:
                 max_body_bytes=self.parts.max_body_bytes,
                 headers=dict(self.parts.headers),
             )
+            if self.keeper is not None:
+                # Kept before it is read: the raw truth, an unreadable body included, as
+                # `record` keeps it. In a thread: a slow disk delays this target only.
+                await asyncio.to_thread(self.keeper.keep, at, body)
             read = await self._read(body, at)
         except ScrapeError as exc:
             target.failed(exc.reason, str(exc))

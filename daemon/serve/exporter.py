@@ -39,6 +39,32 @@ ROOFLINE_PARTS = (
 RESOURCES = ("memory", "compute")
 
 
+def _recording(targets: list[TargetState]) -> Iterator[Metric]:
+    """``run --record`` only: what the daemon's own recording of each target kept."""
+    recorded = [t for t in targets if t.recording is not None]
+    if not recorded:
+        return
+    kept = CounterMetricFamily(
+        P + "recorded_scrapes", "Scrapes kept in the daemon's recording.", labels=("target",)
+    )
+    size = CounterMetricFamily(
+        P + "recorded_bytes", "Bytes written to the daemon's recording.", labels=("target",)
+    )
+    failures = CounterMetricFamily(
+        P + "recording_failures",
+        "Scrapes the daemon's recording did not keep, by reason (disk, too_large, full).",
+        labels=("target", "reason"),
+    )
+    for t in recorded:
+        r = t.recording
+        assert r is not None
+        kept.add_metric((t.name,), r.written)
+        size.add_metric((t.name,), r.bytes_written)
+        for reason, n in sorted(r.failures.items()):
+            failures.add_metric((t.name, reason), n)
+    yield from (kept, size, failures)
+
+
 def _q(q: Quantile | None) -> float | None:
     return None if q is None else q.value
 
@@ -281,6 +307,7 @@ class TriageCollector(Collector):
             for t in fleet:
                 left_out.add_metric((t.name,), t.servers_left_out or 0)
             yield left_out
+        yield from _recording(targets)
 
     def _signals(self, targets: list[TargetState]) -> Iterator[Metric]:
         # One gauge per quantile, not a ``quantile`` label: Prometheus keeps that label

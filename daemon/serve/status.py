@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from vllm_triage import __version__
+from vllm_triage.core.counts import counted
 from vllm_triage.core.report import iso
 from vllm_triage.core.series import Window
 from vllm_triage.core.timeline import Incident, incidents
@@ -94,7 +95,7 @@ def live_document(
         spec,
         mode="live",
         title="vllm-triage status",
-        subtitle=f"{len(targets)} target{'s' if len(targets) != 1 else ''}, {up} up; "
+        subtitle=f"{counted(len(targets), 'target')}, {up} up; "
         f"the last {duration(spec.history_seconds)}",
         now=now,
     )
@@ -137,7 +138,7 @@ def live_document(
             part["state_text"], part["firing"] = (
                 ("no model reported yet", False) if model is None else _state_text(st, model)
             )
-            part["note"] = f"{_display_url(st.url)}: {health}; {st.scrapes} scrapes"
+            part["note"] = f"{_display_url(st.url)}: {health}; {counted(st.scrapes, 'scrape')}"
             part["target"] = st.name  # what an alert's status_page link opens at
             doc["sections"].append(part)
     return doc

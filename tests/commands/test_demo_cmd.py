@@ -61,8 +61,18 @@ class TestDemo:
             "alerts fired: prefill_bound, decode_bound, queue_bound, kv_pressure, stalled; "
             "resolved: prefill_bound, decode_bound, queue_bound, kv_pressure, stalled"
         ) in out
-        report = Path(out.splitlines()[-1])
-        assert report.parent.parent == tmp_path and report.name == "tour-report.html"
+        report = Path(next(ln for ln in out.splitlines() if ln.endswith("tour-report.html")))
+        assert report.parent.parent == tmp_path
+        # The folder left behind is named, with its size and how to be rid of it.
+        kept = re.search(r"Recording kept in (\S+) \((\d+\.\d) MB\)", out)
+        assert kept is not None and Path(kept.group(1)) == report.parent
+        assert float(kept.group(2)) > 0 and "delete it when done" in out
+        assert sorted(p.name for p in report.parent.iterdir()) == [
+            "tour",
+            "tour-report.html",
+            "tour-settings.yaml",
+        ]
+        assert f"replay {report.parent}/tour --config {report.parent}/tour-settings.yaml" in out
         page = report.read_text(encoding="utf-8")
         for cause in ("prefill_bound", "decode_bound", "queue_bound", "kv_pressure", "stalled"):
             assert f'"cause":"{cause}"' in page
@@ -84,7 +94,7 @@ class TestDemo:
         result = vllm_triage("demo", "--offline", "--scenario", "tour", cwd=tmp_path)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "-> as built over 214 scrapes" in result.stdout
-        assert "1/1 scenarios diagnosed as built." in result.stdout
+        assert "1 of 1 scenario diagnosed as built." in result.stdout
 
     def test_offline_old_tour_is_not_as_built(self, tmp_path: Path) -> None:
         """The card-swapping tour of before (a scenario file): exit 1, saying what went
@@ -93,7 +103,7 @@ class TestDemo:
         assert result.returncode == 1, result.stdout + result.stderr
         assert "NOT AS BUILT" in result.stdout
         assert "was prefill_bound at 275 s, not decode_bound" in result.stdout
-        assert "0/1 scenarios diagnosed as built." in result.stdout
+        assert "0 of 1 scenario diagnosed as built." in result.stdout
 
     def test_an_unknown_scenario_is_a_usage_error(self, tmp_path: Path) -> None:
         result = vllm_triage("demo", "--scenario", "tuor", cwd=tmp_path)
@@ -161,9 +171,10 @@ class TestDemo:
         assert "NOT AS BUILT" not in out and "Traceback" not in err
 
     def test_offline_only_options_need_offline(self, tmp_path: Path) -> None:
-        result = vllm_triage("demo", "--record", "rec", cwd=tmp_path)
+        """--format is --offline's (--record is both's: the live daemon records too)."""
+        result = vllm_triage("demo", "--format", "json", cwd=tmp_path)
         assert result.returncode == 2
-        assert "need --offline" in result.stderr
+        assert "needs --offline" in result.stderr
 
     def test_demo_records_for_replay(self, tmp_path: Path) -> None:
         """`demo --record DIR` writes a recording that `replay` diagnoses the same way."""
@@ -179,6 +190,6 @@ class TestDemo:
             cwd=tmp_path,
         )
         assert demo.returncode == 0, demo.stdout + demo.stderr
-        assert "1/1 scenarios diagnosed as built" in demo.stdout
+        assert "1 of 1 scenario diagnosed as built" in demo.stdout
         replay = vllm_triage("replay", "rec/kv_pressure", "--format", "json", cwd=tmp_path)
         assert json.loads(replay.stdout.splitlines()[0])["diagnosis"] == "kv_pressure"

@@ -49,7 +49,7 @@ class TestRecord:
             timeout=30,
         )
         assert result.returncode == 1
-        assert "scrape_failed" in result.stderr
+        assert "cannot connect, nothing recorded" in result.stderr
 
     def test_record_a_page_without_vllm_metrics_exits_1_with_a_hint(self, tmp_path: Path) -> None:
         """Pointed at a health check: the bodies are kept (the raw truth) but the command

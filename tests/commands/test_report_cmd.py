@@ -149,7 +149,7 @@ class TestCommand:
         )
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == str(out)
-        assert "1 incidents over 24 evaluations" in result.stderr
+        assert "1 incident over 24 evaluations" in result.stderr
         doc = inline_document(out)
         assert [i["cause"] for i in doc["sections"][0]["incidents"]] == ["queue_bound"]
         assert not list(tmp_path.glob(".*.tmp"))  # written whole, then renamed

@@ -43,13 +43,16 @@ class TestRecord:
         assert "HTTP 500" in next(e["err"] for e in logs if e["event"] == "scrape_failed")
 
     def test_dead_target(self, tmp_path: Path) -> None:
-        """A refused connection is a failed scrape, not a crash."""
+        """A refused first connection ends the recording at once, with the scrape's
+        error (a target that dies later is recorded as failures:
+        tests/commands/test_record_fails_fast.py)."""
         clock = FakeClock()
         with serving(replies((200, BODY))) as srv:
             url = srv.url("/metrics")
         # the server is gone: its port now refuses connections
-        stats = record(url, tmp_path, interval=5, duration=10, clock=clock, sleep=clock.sleep)
-        assert stats.failed == 2 and stats.written == 0
+        with pytest.raises(ScrapeError) as info:
+            record(url, tmp_path, interval=5, duration=10, clock=clock, sleep=clock.sleep)
+        assert info.value.reason == "connect"
         assert list(tmp_path.iterdir()) == []
 
     def test_unparseable_body_is_kept_and_reported(self, tmp_path: Path) -> None:

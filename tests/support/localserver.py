@@ -95,6 +95,12 @@ class Exchange:
         """Close the connection after this answer, whatever was announced."""
         self._h.close_connection = True
 
+    def drop(self) -> None:
+        """Close the connection at once, with no answer at all (no status line): what a
+        TLS server does to a plain-HTTP request."""
+        self._h.close_connection = True
+        self._h.connection.close()
+
     def hang(self, seconds: float) -> None:
         """Answer nothing for ``seconds``, or until the server stops."""
         self.server.stopping.wait(seconds)

@@ -21,6 +21,9 @@
 
   // ---- formatting -------------------------------------------------------------------
 
+  // "1 evaluation", "2 evaluations": a count with its noun, plural unless it is one.
+  function counted(n, noun) { return n + " " + (n === 1 ? noun : noun + "s"); }
+
   function num(v, digits) {
     if (Math.abs(v) >= 1000) return Math.round(v).toLocaleString("en-US");
     return String(Number(v.toPrecision(digits || 3)));  // 0.0500 -> "0.05"
@@ -384,8 +387,8 @@
     var parts = [el("h2", { text: s.title })];
     if (s.state_text) parts.push(el("div", { class: s.firing ? "vt-open" : "vt-muted", text: s.state_text }));
     if (s.note) parts.push(el("div", { class: "vt-muted", text: s.note }));
-    var info = s.evaluations + " evaluations";
-    if (s.thinned) info += ", drawn as " + s.t.length + " points (the minimum and maximum of each time slice; incidents exact)";
+    var info = counted(s.evaluations, "evaluation");
+    if (s.thinned) info += ", drawn as " + counted(s.t.length, "point") + " (the minimum and maximum of each time slice; incidents exact)";
     parts.push(el("div", { class: "vt-muted", text: info + ". Drag across a chart to zoom, double-click to zoom out; hover a marker for its transition." }));
     var charts = el("div", { class: "vt-charts" });
     parts.push(charts);

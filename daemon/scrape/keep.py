@@ -1,0 +1,92 @@
+"""The daemon's own recording of a target (``run --record DIR``): each body its scrape loop
+fetched, kept as ``DIR/<target>/<unix_time_ms>.prom``, the format ``record`` writes and
+``replay`` and ``report`` read (``recording.files``).
+
+Kept by the loop itself, not by a second scraper beside it, so a report made from the
+folder replays exactly the bodies, at exactly the times, that the daemon judged: its
+incidents are the alerts' incidents, to the second and the confidence.
+
+Bounded as every recording is: a body over the recording's per-file bound
+(``MAX_FILE_BYTES``, which ``replay`` would refuse) is not kept, and past ``max_bytes`` in
+all the recording stops. Nothing the disk does reaches the scrape loop: a failed write is
+counted (``RecordingStats.failures``, ``vllm_triage_recording_failures_total``) and
+logged, at once and then once a minute while it lasts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import structlog
+
+from vllm_triage.logs import Throttle
+from vllm_triage.recording.files import MAX_FILE_BYTES, write_atomically
+from vllm_triage.state import RecordingStats
+
+log = structlog.get_logger("vllm_triage.watcher")
+
+
+class ScrapeKeeper:
+    """Writes one target's scraped bodies into ``folder`` (made on the first write)."""
+
+    def __init__(
+        self,
+        target: str,
+        folder: Path,
+        *,
+        max_bytes: int,
+        max_file_bytes: int = MAX_FILE_BYTES,
+    ) -> None:
+        self.target = target
+        self.folder = folder
+        self.max_bytes = max_bytes
+        self.max_file_bytes = max_file_bytes
+        self.stats = RecordingStats(str(folder))
+        self._failures = Throttle()
+
+    @staticmethod
+    def file_time(at: float) -> float:
+        """``at`` as the recording keeps it, to the millisecond: the daemon judges the
+        scrape at this time, so a replay of the file sees the very same one."""
+        return round(at * 1000) / 1000
+
+    def keep(self, at: float, body: bytes) -> None:
+        """Write ``body`` as the scrape taken at ``at`` (``file_time``); never raises."""
+        st = self.stats
+        if len(body) > self.max_file_bytes:
+            self._failed(
+                "too_large",
+                f"a body of {len(body)} bytes is over a recording file's "
+                f"{self.max_file_bytes} bytes (replay would refuse it): not kept",
+            )
+            return
+        if st.bytes_written + len(body) > self.max_bytes:
+            self._failed(
+                "full",
+                f"the recording reached record.max_bytes ({self.max_bytes} bytes): "
+                "no more scrapes are kept; move the folder away or raise the bound",
+            )
+            return
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.folder, round(at * 1000), body)
+        except OSError as exc:
+            self._failed("disk", f"cannot write into {self.folder}: {exc.strerror or exc}")
+            return
+        st.written += 1
+        st.bytes_written += len(body)
+        held = self._failures.clear()
+        if held is not None:
+            log.info("recording_recovered", target=self.target, suppressed=held)
+
+    def _failed(self, reason: str, message: str) -> None:
+        self.stats.failures[reason] += 1
+        if self._failures.due(reason):
+            log.warning(
+                "recording_failed",
+                target=self.target,
+                reason=reason,
+                err=message,
+                failures_since_last_log=self._failures.held + 1,
+            )
+            self._failures.logged()

@@ -1,0 +1,71 @@
+"""``record`` against a URL where nothing answers says so at once (as ``check`` does),
+instead of waiting out its whole --duration; a target that dies once the recording has
+begun is still recorded as failures (daemon/recording/record.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from vllm_triage.recording.record import record
+
+from support.clirun import vllm_triage
+from support.localserver import LocalServer, replies, serving
+
+BODY = b'vllm:num_requests_running{model_name="m"} 1.0\n'
+
+
+def test_a_dead_url_fails_in_seconds_not_after_the_duration(tmp_path: Path) -> None:
+    with serving(replies((200, BODY))) as srv:
+        url = srv.url("/metrics")  # nothing listens there once the block is left
+    started = time.monotonic()
+    result = vllm_triage(
+        "record", url, "--out", "rec", "--duration", "20", cwd=tmp_path, timeout=60
+    )
+    took = time.monotonic() - started
+    assert result.returncode == 1
+    # The command's own start-up is most of it; 20 s is what it used to take.
+    assert took < 10, f"took {took:.1f} s"
+    assert "cannot connect, nothing recorded" in result.stderr
+    assert "127.0.0.1" in result.stderr
+    # The folder it made for nothing is not left behind.
+    assert not (tmp_path / "rec").exists()
+
+
+def test_an_existing_folder_is_left_in_place(tmp_path: Path) -> None:
+    with serving(replies((200, BODY))) as srv:
+        url = srv.url("/metrics")
+    (tmp_path / "rec").mkdir()
+    result = vllm_triage("record", url, "--out", "rec", "--duration", "20", cwd=tmp_path)
+    assert result.returncode == 1
+    assert (tmp_path / "rec").is_dir()
+
+
+def test_a_target_that_dies_mid_recording_is_recorded_as_failures(tmp_path: Path) -> None:
+    """Two good scrapes, then the server goes: the later scrapes are failures, counted,
+    and the recording runs its whole duration (a fake clock: no waiting)."""
+    srv = LocalServer(replies((200, BODY))).start()
+    now = [1000.0]
+    ticks = [0]
+
+    def sleep(seconds: float) -> None:
+        ticks[0] += 1
+        if ticks[0] == 2:
+            srv.stop()  # refused from now on
+        now[0] += seconds
+
+    try:
+        stats = record(
+            srv.url("/metrics"),
+            tmp_path / "rec",
+            interval=1.0,
+            duration=5.0,
+            timeout=2.0,
+            clock=lambda: now[0],
+            sleep=sleep,
+        )
+    finally:
+        srv.close()
+    assert stats.written == 2
+    assert stats.failed == stats.scrapes - 2 == 3
+    assert len(list((tmp_path / "rec").glob("*.prom"))) == 2
