@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from vllm_triage.commands.argtypes import http_url, positive_float
+from vllm_triage.core.counts import counted
 from vllm_triage.core.predict import CHANGE_KEYS
-from vllm_triage.errors import ConfigError, RecordingError
+from vllm_triage.errors import ConfigError, RecordingError, ScrapeError
 
 DESCRIPTION = """\
 Calibrate the simulator to one window of a recording (made by `record`) and run that
@@ -167,18 +168,22 @@ def watch(
     from vllm_triage.net.redact import safe_url
     from vllm_triage.recording.record import record
 
-    stats = record(
-        url,
-        directory,
-        interval=interval,
-        duration=window + interval / 2,
-        clock=clock,
-        sleep=sleep,
-    )
+    try:
+        stats = record(
+            url,
+            directory,
+            interval=interval,
+            duration=window + interval / 2,
+            clock=clock,
+            sleep=sleep,
+        )
+    except ScrapeError as exc:
+        # A target that cannot be reached at all fails at its first scrape: no window.
+        raise RecordingError(f"{safe_url(url)}: 0 scrapes usable, need 2: {exc}") from exc
     if stats.written - stats.unparseable < 2:
         raise RecordingError(
-            f"{safe_url(url)}: {stats.written} of {stats.scrapes} scrapes usable, need 2: "
-            f"{stats.last_error or 'no answer'}"
+            f"{safe_url(url)}: {stats.written} of {counted(stats.scrapes, 'scrape')} usable, "
+            f"need 2: {stats.last_error or 'no answer'}"
         )
 
 
