@@ -382,7 +382,17 @@ class Window:
         # any one engine steps. Its frozen values are the ones the evidence shows.
         worst = max(w.engines.items(), key=lambda kv: kv[1].without, default=None)
         shown = worst[1] if worst is not None and worst[1].without > w.without else w
-        stall = w.stall
+        # The stall that just ended may be one engine's: the merged series moved while
+        # the others stepped, yet the requests that waited on it are in this window's
+        # latencies all the same. The longest stretch that ended within the window counts.
+        recent_stalls = [
+            (x.stall, x.stall_censored)
+            for x in (w, *w.engines.values())
+            if x.stall is not None and newest.at - x.stall[1] <= self.seconds
+        ]
+        stall, censored = max(
+            recent_stalls, key=lambda sc: sc[0][0], default=(w.stall, w.stall_censored)
+        )
         recent = stall is not None and newest.at - stall[1] <= self.seconds
         probe = newest.probe
         return Progress(
@@ -406,7 +416,7 @@ class Window:
             previous_stall_ended_seconds_ago=(
                 newest.at - stall[1] if stall is not None and recent else None
             ),
-            previous_stall_censored=stall is not None and recent and w.stall_censored,
+            previous_stall_censored=stall is not None and recent and censored,
             watched_seconds=newest.at - w.began_at if w.began_at is not None else None,
             interval_seconds=interval,
         )
