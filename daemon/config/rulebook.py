@@ -65,7 +65,7 @@ def load_remediation() -> dict[Cause, tuple[str, ...]]:
 #: The keys of ``decode_roofline`` in rules/remediation.yaml.
 DECODE_TERMS = ("weights", "kv", "draft", "compute", "serving_stack", "settings")
 #: The keys of ``by_kind`` in rules/remediation.yaml.
-KINDS = ("asleep", "stale_gauges", "render")
+KINDS = ("asleep", "stale_gauges", "render", "dp_imbalance")
 
 
 @functools.cache

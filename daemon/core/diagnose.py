@@ -39,6 +39,7 @@ from __future__ import annotations
 from vllm_triage.core import predict, prose, roofline
 from vllm_triage.core.checks import breaches_of, checks_of, confidence_of, is_present
 from vllm_triage.core.decode import decode_evidence, decode_remediation
+from vllm_triage.core.engines import engine_evidence, explaining
 from vllm_triage.core.facts import Facts, evidence_of, facts_of, frontend_bound, rounded
 from vllm_triage.core.model import CAUSES, Cause, Contribution, Diagnosis, Signals
 from vllm_triage.core.rulebook import Rulebook
@@ -145,6 +146,13 @@ def diagnose(
     if limit is not None:
         evidence.update(decode_evidence(limit, f.roofline, s.dram_active_mean, th))
         remediation = decode_remediation(limit, f.roofline, rules, remediation)
+    evidence.update(engine_evidence(s))
+    uneven = explaining(s, cause)
+    if uneven is not None:
+        # One engine holds the queue (or the full pool): the balancer's fixes come first,
+        # capacity's after them.
+        summary = f"{summary}; {uneven.sentence()}"
+        remediation = (*rules.kind_remediation.get("dp_imbalance", ()), *remediation)
     contributing = _contributing(
         primary=cause, present=present, confidence=confidence, s=s, f=f, rules=rules
     )

@@ -279,6 +279,10 @@ class Signals:
     missing: Mapping[str, str] = field(default_factory=dict)
     #: Data-parallel engines serving the model (the gauges' series in the newest scrape).
     engines: int = 1
+    #: With two engines or more, each one's window mean of its waiting requests and of its
+    #: KV usage, by its ``engine`` label (the merged gauges hide an uneven balancer).
+    engine_waiting_mean: Mapping[str, float] = field(default_factory=dict)
+    engine_kv_usage_mean: Mapping[str, float] = field(default_factory=dict)
     #: Tokens per engine step over the window (``vllm:iteration_tokens_total``'s bucket
     #: deltas), its mean and the steps it covers; ``None`` when not exposed.
     iteration_tokens: Histogram | None = None
@@ -352,6 +356,9 @@ class WindowTotals:
     running_busy_mean: float | None = None
     kv_usage_busy_mean: float | None = None
     engines: int = 1
+    #: With two engines or more: each one's window means (``Signals.engine_*_mean``).
+    engine_waiting_mean: Mapping[str, float] = field(default_factory=dict)
+    engine_kv_usage_mean: Mapping[str, float] = field(default_factory=dict)
     kv_pool_tokens: int | None = None
     #: Histogram fields whose bucket bounds changed inside the window.
     layout_changed: frozenset[str] = frozenset()

@@ -188,6 +188,8 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
         progress=t.progress,
         missing=missing,
         engines=t.engines,
+        engine_waiting_mean=t.engine_waiting_mean,
+        engine_kv_usage_mean=t.engine_kv_usage_mean,
         iteration_tokens=steps.histogram,
         iteration_tokens_mean=steps.tokens_mean,
         running_busy_mean=t.running_busy_mean,

@@ -478,9 +478,25 @@ class Window:
             running_busy_mean=(sum(m.running or 0.0 for m in busy) / len(busy) if busy else None),
             kv_usage_busy_mean=sum(u * w for u, w in weighted) / weight if weight > 0 else None,
             engines=newest_series.engines if newest_series is not None else 1,
+            engine_waiting_mean=_engine_means(series, "waiting"),
+            engine_kv_usage_mean=_engine_means(series, "kv_usage"),
             kv_pool_tokens=newest.kv_pool.tokens if newest.kv_pool is not None else None,
             kv_cache=newest.kv_pool.config if newest.kv_pool is not None else None,
             layout_changed=frozenset(layout_changed),
             progress=progress,
             counter_resets=resets,
         )
+
+
+def _engine_means(series: list[ModelSeries], gauge: str) -> dict[str, float]:
+    """Each data-parallel engine's mean of ``gauge`` over the window's scrapes, when two
+    engines or more show it (one engine's is the merged value)."""
+    sums: dict[str, list[float]] = {}
+    for m in series:
+        for engine, values in m.per_engine.items():
+            value = values.get(gauge)
+            if value is not None:
+                sums.setdefault(engine, []).append(value)
+    if len(sums) < 2:
+        return {}
+    return {engine: sum(v) / len(v) for engine, v in sorted(sums.items())}

@@ -25,6 +25,7 @@ from vllm_triage.simulator import get_scenario
 HERE = Path(__file__).resolve().parent.parent
 SCENARIOS = HERE / "fixtures" / "scenarios"
 RECORDINGS = HERE / "fixtures" / "recordings"
+REALVLLM = HERE / "system" / "realvllm"
 INTERVAL = 5.0
 
 
@@ -217,3 +218,61 @@ class TestCountersAndApiServers:
             str(path), scenario_settings(scenario, None), duration_s=300, interval_s=INTERVAL
         )
         assert firings(run.transitions) == []
+
+
+def _with_idle_twin(src: Path, out: Path, *, even: bool) -> None:
+    """A real vLLM recording with a second data-parallel engine that serves the same
+    (its series copied as ``engine="1"``) but, unless ``even``, never has a request
+    waiting: an uneven balancer that queues on engine 0 only."""
+    out.mkdir()
+    for _, path in recording_files(src):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        twin = [ln.replace('engine="0"', 'engine="1"') for ln in lines if 'engine="0"' in ln]
+        if not even:
+            twin = [
+                re.sub(r"\} \S+$", "} 0.0", ln)
+                if ln.startswith("vllm:num_requests_waiting{")
+                else ln
+                for ln in twin
+            ]
+        (out / path.name).write_text("\n".join([*lines, *twin]) + "\n", encoding="utf-8")
+
+
+def _first_firing(rec: Path) -> Transition:
+    settings = load_settings(REALVLLM / "triage-cpu.yaml")
+    return next(
+        t
+        for item in replay(rec, build_evaluator(settings))
+        if isinstance(item, Evaluation)
+        for t in item.transitions
+        if t.event == "firing"
+    )
+
+
+class TestDataParallelBalance:
+    def test_one_engine_holding_the_queue_is_named_with_the_balancers_fixes(
+        self, tmp_path: Path
+    ) -> None:
+        """vLLM 0.32's queue-bound scrapes (16 requests on 4 seats) on engine 0, and a
+        twin engine 1 with none waiting: queue_bound, and the evidence and summary say
+        engine 0 carries the queue; the balancer's fixes come first."""
+        rec = tmp_path / "rec"
+        _with_idle_twin(RECORDINGS / "queue", rec, even=False)
+        fired = _first_firing(rec)
+        assert fired.cause == "queue_bound"
+        ev = fired.diagnosis.evidence
+        waiting = dict(item.split(": ") for item in ev["engines_waiting_mean"])  # type: ignore[union-attr]
+        assert set(waiting) == {"0", "1"} and float(waiting["1"]) == 0.0
+        assert float(waiting["0"]) >= 2.0
+        assert "engine 0 of 2 carries it" in str(ev["engine_imbalance"])
+        assert "engine 0 of 2 carries it" in fired.diagnosis.summary
+        assert fired.diagnosis.remediation[0].startswith("One data-parallel engine holds")
+
+    def test_an_even_queue_is_capacity_not_balance(self, tmp_path: Path) -> None:
+        rec = tmp_path / "rec"
+        _with_idle_twin(RECORDINGS / "queue", rec, even=True)
+        fired = _first_firing(rec)
+        assert fired.cause == "queue_bound"
+        assert "engine_imbalance" not in fired.diagnosis.evidence
+        assert "engines_waiting_mean" in fired.diagnosis.evidence
+        assert not fired.diagnosis.remediation[0].startswith("One data-parallel engine")
