@@ -323,6 +323,10 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
+#: The shortest the summary line is clipped to when a message runs long.
+_SLACK_MIN_DESCRIPTION = 80
+
+
 def slack_payload(alert: Alert) -> dict[str, Any]:
     """A message for a Slack-compatible incoming webhook (Slack, Mattermost, Rocket.Chat):
     one a person on call reads whole, under ``SLACK_MAX_CHARS``."""
@@ -342,6 +346,7 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
     ]
     if notes.get("cause_changed_from"):
         lines.append(f"(cause changed from {notes['cause_changed_from']})")
+    described = len(lines)
     lines.append(_clip(notes.get("description", ""), _SLACK_PART_CHARS))
     if notes.get("deciding"):
         lines.append("*Why:* " + _clip(notes["deciding"], _SLACK_PART_CHARS))
@@ -354,6 +359,12 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
     if link:
         lines.append(f"<{link}|status page>")
     text = "\n".join(line for line in lines if line)
+    over = len(text) - SLACK_MAX_CHARS
+    if over > 0 and len(lines[described]) - over > _SLACK_MIN_DESCRIPTION:
+        # The summary gives way first: the numbers that decided it, the fix and its
+        # predicted effect are what a person acts on.
+        lines[described] = _clip(lines[described], len(lines[described]) - over)
+        text = "\n".join(line for line in lines if line)
     if len(text) > SLACK_MAX_CHARS:
         # A long target or model name: the link must survive, so the middle gives way.
         keep = SLACK_MAX_CHARS - len(lines[-1]) - 2 if link else SLACK_MAX_CHARS - 1

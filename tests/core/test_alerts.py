@@ -512,6 +512,25 @@ class TestSlackPayload:
         assert len(text) <= SLACK_MAX_CHARS
         assert text.endswith("|status page>")
 
+    def test_a_long_summary_gives_way_before_the_fix_and_its_effect(self) -> None:
+        """Past the limit the summary is clipped first (to no less than a line): the fix
+        and its predicted effect, what a person acts on, are kept whole."""
+        alert = firing()
+        effect = "FP8 weights: decode step 9.89 ms → 6.3 ms, ITL p99 24.8 ms → 15.8 ms"
+        alert = dataclasses.replace(
+            alert,
+            annotations={
+                **alert.annotations,
+                "description": "the step is slow " * 40,
+                "predicted_effects": f"- {effect}",
+            },
+        )
+        text = slack_payload(alert)["text"]
+        assert len(text) <= SLACK_MAX_CHARS
+        assert f"*Predicted:* {effect}\n" in text
+        assert "*Fix:* raise --gpu-memory-utilization" in text
+        assert "the step is slow the step is slow" in text  # clipped, not dropped
+
     def test_the_deciding_numbers_are_the_causes_own(self) -> None:
         """kv_pressure is decided by the KV cache's fullness, headroom and preemptions;
         the message shows them, and not the rest of the evidence."""
