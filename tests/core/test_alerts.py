@@ -522,6 +522,7 @@ class TestSlackPayload:
             annotations={
                 **alert.annotations,
                 "description": "the step is slow " * 40,
+                "remediation": "- raise --gpu-memory-utilization " + "and more " * 40,
                 "predicted_effects": f"- {effect}",
             },
         )
