@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from vllm_triage.assemble import build_evaluator
@@ -145,6 +146,35 @@ def start_recorder(
     return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
 
 
+def _outstanding(server: Server, engine: str) -> float:
+    """Requests running and waiting on ``engine`` by the server's /metrics."""
+    text = httpx.get(server.metrics_url, timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        gauge = line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{"))
+        if gauge and f'engine="{engine}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def stop_with_work(server: Server, pid: int, engine: str = "0") -> float:
+    """SIGSTOP the engine process ``pid`` at a moment its last published gauges show work
+    outstanding; the time it stopped. The load's streams finish together: stopped just
+    after a batch ended and before the next was scheduled, the frozen gauges say idle,
+    and a hang with idle gauges is for the probe to see, not what these tests are about
+    (seen once in CI). So: stop, read the frozen gauges, and if they say idle, let it run
+    half a second and try again."""
+    for _ in range(40):
+        stopped_at = time.time()
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.3)  # the API server's last stats from the engine, not in flight
+        if _outstanding(server, engine) > 0:
+            return stopped_at
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.5)
+    raise AssertionError(f"engine {engine} never had work outstanding when stopped")
+
+
 class Load:
     """Load-generator traffic in a thread, so the test can act on the server meanwhile."""
 
@@ -212,8 +242,7 @@ class TestStandardServer:
             time.sleep(3)  # a few idle scrapes first: the baseline
             load = Load(standard, "stall", before + hang + after)
             time.sleep(before)
-            stopped_at = time.time()
-            os.kill(engine, signal.SIGSTOP)
+            stopped_at = stop_with_work(standard, engine)
             try:
                 time.sleep(hang)
             finally:
@@ -279,8 +308,7 @@ class TestDataParallel:
                 time.sleep(3)
                 load = Load(server, "stall", before + hang + after)
                 time.sleep(before)
-                stopped_at = time.time()
-                os.kill(engines["1"], signal.SIGSTOP)
+                stopped_at = stop_with_work(server, engines["1"], engine="1")
                 try:
                     time.sleep(hang)
                 finally:
