@@ -62,18 +62,26 @@ def test_progress_recordings_fire_exactly(name: str, causes: list[str]) -> None:
     assert [t.cause for t in transitions(name, STALL_CONFIG) if t.event == "firing"] == causes
 
 
-def test_a_stopped_engine_is_stalled_in_time_and_resolves_after() -> None:
-    """SIGSTOP of vLLM's EngineCore process under 8 decoding streams, for a minute: stalled
-    fires within stall_after_seconds plus two scrapes (2 s apart here) of the stop, and
-    resolves after SIGCONT, within resolve_after scrapes of the first that moved."""
-    meta = json.loads((RECORDINGS / "stall" / "RECORDED.json").read_text())
+def stalled_in_time(name: str) -> tuple[Transition, Transition]:
+    """The recording's stall, fired and resolved and nothing else: fired within
+    stall_after_seconds plus two scrapes (2 s apart here) of the stop its RECORDED.json
+    gives, resolved within resolve_after scrapes of the resume."""
+    meta = json.loads((RECORDINGS / name / "RECORDED.json").read_text())
     stopped, resumed = meta["stopped_at"], meta["resumed_at"]
     after = load_settings(STALL_CONFIG).thresholds.stall_after_seconds
-    out = transitions("stall", STALL_CONFIG)
+    out = transitions(name, STALL_CONFIG)
     assert [(t.event, t.cause) for t in out] == [("firing", "stalled"), ("resolved", "stalled")]
     opened, closed = out
     assert stopped < opened.at <= stopped + after + 2 * 2.0
     assert resumed < closed.at <= resumed + 4 * 2.0
+    return opened, closed
+
+
+def test_a_stopped_engine_is_stalled_in_time_and_resolves_after() -> None:
+    """SIGSTOP of vLLM's EngineCore process under 8 decoding streams, for a minute: stalled
+    fires within stall_after_seconds plus two scrapes (2 s apart here) of the stop, and
+    resolves after SIGCONT, within resolve_after scrapes of the first that moved."""
+    opened, _ = stalled_in_time("stall")
     ev = opened.diagnosis.evidence
     assert ev["requests_running"] == 8.0 and ev["seconds_without_progress"] >= 22.0
     assert "iterations" in str(ev["progress_series_checked"])
@@ -84,16 +92,10 @@ def test_one_stopped_engine_of_two_is_stalled_and_named() -> None:
     process (``VLLM::EngineCore_DP1``) stopped for a minute while engine 0 served on: the
     merged counters kept moving, and still stalled fires in time naming engine 1, and
     resolves after it continues."""
-    meta = json.loads((RECORDINGS / "dp-stall" / "RECORDED.json").read_text())
-    stopped, resumed = meta["stopped_at"], meta["resumed_at"]
-    after = load_settings(STALL_CONFIG).thresholds.stall_after_seconds
-    out = transitions("dp-stall", STALL_CONFIG)
-    assert [(t.event, t.cause) for t in out] == [("firing", "stalled"), ("resolved", "stalled")]
-    opened, closed = out
-    assert stopped < opened.at <= stopped + after + 2 * 2.0
-    assert resumed < closed.at <= resumed + 4 * 2.0
+    opened, _ = stalled_in_time("dp-stall")
     ev = opened.diagnosis.evidence
     assert list(ev["stalled_engines"]) == ["1"] and ev["engines_stalled"] == "1 of 2 engines"
+    meta = json.loads((RECORDINGS / "dp-stall" / "RECORDED.json").read_text())
     assert "--data-parallel-size" in meta["flags"]
 
 
