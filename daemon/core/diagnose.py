@@ -83,18 +83,14 @@ def _inconclusive(s: Signals) -> tuple[str, ...]:
     )
 
 
-def diagnose(
-    s: Signals, rules: Rulebook, *, open_after: int = 1, keep: Cause | None = None
-) -> Diagnosis:
+def diagnose(s: Signals, rules: Rulebook, *, keep: Cause | None = None) -> Diagnosis:
     """Judge one model's signals against the SLO and name the cause.
 
-    ``open_after`` is how many breached evaluations the caller's incident tracker waits
-    for before it fires (1 for a one-off verdict): it sets when a stall starts to breach
-    (``stall_breach_seconds``). ``keep`` is an open incident's cause: while its symptoms
+    ``keep`` is an open incident's cause: while its symptoms
     are still present it stays the primary cause, and the cause that led this window
     becomes a contributing one (``core.incidents`` decides when it has led long enough).
     """
-    stalled = stall_diagnosis(s, rules, open_after)
+    stalled = stall_diagnosis(s, rules)
     if stalled is not None:
         return stalled
     f = facts_of(s, rules)

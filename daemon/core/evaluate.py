@@ -151,7 +151,7 @@ class Evaluator:
         return self.rulebook if self.rulebook_for is None else self.rulebook_for(model)
 
     def _diagnose(self, s: Signals, rules: Rulebook, *, keep: Cause | None = None) -> Diagnosis:
-        d = diagnose(s, rules, open_after=self.incidents.open_after, keep=keep)
+        d = diagnose(s, rules, keep=keep)
         if rules.provenance:
             d = dataclasses.replace(d, evidence=dict(d.evidence) | dict(rules.provenance))
         return d

@@ -12,6 +12,9 @@ and moves when the count reaches its threshold:
 
 ``open_after`` works like Prometheus' ``for``: a breach must persist before anyone is
 paged; ``resolve_after`` is hysteresis, so an incident does not flap on one good window.
+A ``sustained`` diagnosis (a stall, whose test is already one of time) reaches every
+``open_after`` threshold at once: counted in evaluations, the alert would come later
+whenever scrapes are late or skipped, on exactly the overloaded host a hang is likely on.
 A count restarts whenever the state changes, and the challenger's counts restart when
 the incident's own cause (or a clear evaluation, or a third cause) interrupts them.
 
@@ -335,6 +338,8 @@ class IncidentTracker:
             reached = t.challenger_run >= self._threshold(rule, t)
         elif rule.counts == "gone":
             reached = t.replaced_run >= self._threshold(rule, t)
+        if d.sustained and rule.threshold == "open_after":
+            reached = True
         after = rule.reached if reached and rule.reached is not None else rule.then
         if after is not t.state or reached:
             # A new state's streak starts with the event that entered it, if it counts one.

@@ -427,6 +427,9 @@ class Diagnosis:
     without a verdict: the engine showed no progress with work outstanding, but not yet
     for long enough to call it stalled, and its frozen gauges are not evidence of anything
     else; the incident tracker skips it, so an open incident neither resolves nor advances.
+    ``sustained`` is a breach that has already lasted its own test of time (a stall: no
+    progress for ``stall_after_seconds``): the tracker opens on it at once rather than
+    count ``open_after`` evaluations, which would tie the alert to the scrape pace.
     """
 
     model_name: str
@@ -449,6 +452,7 @@ class Diagnosis:
     inconclusive: tuple[str, ...] = ()
     #: Each fix of ``remediation`` with its predicted effect (``core.predict``), in order.
     remediation_effects: tuple[RemediationEffect, ...] = ()
+    sustained: bool = False
 
     @property
     def breached(self) -> bool:

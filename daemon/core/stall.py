@@ -37,19 +37,6 @@ from vllm_triage.core.rulebook import Rulebook
 STILL_SCRAPES = 2
 
 
-def stall_breach_seconds(rules: Rulebook, interval: float | None, open_after: int) -> float:
-    """Seconds without progress from which an evaluation is a ``stalled`` breach.
-
-    The incident tracker fires after ``open_after`` breached evaluations; a stall is
-    already a test of persistence, so waiting ``open_after`` more scrape intervals on top
-    would only delay the worst incident. The breach therefore starts that many intervals
-    early, so the alert fires at ``stall_after_seconds`` (never earlier than half of it).
-    """
-    after = rules.thresholds.stall_after_seconds
-    lead = (open_after - 1) * (interval or 0.0)
-    return max(after - lead, after / 2)
-
-
 @dataclass(frozen=True, slots=True)
 class _Stall:
     progress: Progress
@@ -66,11 +53,13 @@ class _Stall:
     engines_total: int = 0
 
 
-def _stall(s: Signals, rules: Rulebook, open_after: int) -> _Stall | None:
+def _stall(s: Signals, rules: Rulebook) -> _Stall | None:
     p = s.progress
     if p is None:
         return None
-    breach_at = stall_breach_seconds(rules, p.interval_seconds, open_after)
+    # The diagnosis is ``sustained``: the tracker opens on it at once, so the alert fires
+    # at the first evaluation this long after the last progress, whatever the scrape pace.
+    breach_at = rules.thresholds.stall_after_seconds
     without = p.seconds_without_progress
     stuck = tuple(e for e, sec in p.engines_without.items() if sec > 0)
     kind = "hung"
@@ -212,6 +201,7 @@ def _stalled(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
         secondary=(),
         remediation=remediation,
         present=("stalled",),
+        sustained=True,
         # A hung engine serves nothing: no change of bytes or capacity has an effect
         # to predict until it steps again.
         remediation_effects=predict.unsized(
@@ -258,11 +248,11 @@ def _held(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
     )
 
 
-def stall_diagnosis(s: Signals, rules: Rulebook, open_after: int) -> Diagnosis | None:
+def stall_diagnosis(s: Signals, rules: Rulebook) -> Diagnosis | None:
     """``stalled``, or a diagnosis that judges nothing (the engine frozen but not yet for
     long enough, or a stall just over); None when the engine steps or its progress is
     not known, and the symptoms are judged as usual."""
-    stall = _stall(s, rules, open_after)
+    stall = _stall(s, rules)
     if stall is None:
         return None
     if stall.stalled:

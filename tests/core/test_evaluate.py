@@ -253,6 +253,25 @@ class TestStalls:
             ("resolved", "stalled", 210),
         ]
 
+    @pytest.mark.parametrize("open_after", [1, 3, 5])
+    def test_late_and_skipped_scrapes_do_not_delay_the_stall(self, open_after: int) -> None:
+        """An overloaded host (where hangs happen) scrapes late and skips: after the last
+        token at 100 s (and the frozen queue's first sight at 101 s, the last change) the
+        scrapes come 1 s, then 3 to 4 s apart. Counted in breached
+        evaluations, the alert would come open_after of those gaps late; it fires at the
+        first scrape 30 s (stall_after_seconds) after the last progress, whatever
+        open_after is, and not one scrape earlier."""
+        settings = load_settings().model_copy(
+            update={
+                "incident": load_settings().incident.model_copy(update={"open_after": open_after})
+            }
+        )
+        ev = build_evaluator(settings)
+        flowing = [engine(float(t), t * 50.0) for t in range(0, 101)]
+        times = [101.0, 102.0, 105.5, 109.0, 112.4, 116.0, 119.7, 123.1, 126.6, 129.9, 133.4]
+        hung = [engine(t, 5000.0, waiting=2.0) for t in [*times, 137.0, 140.5]]
+        assert run(ev, flowing + hung) == [("firing", "stalled", 133.4)]
+
     def test_a_hang_does_not_resolve_the_incident_it_replaces(self) -> None:
         """A queue is firing when the engine hangs: the frozen stretch gives no verdict, so
         the queue's incident does not "resolve" as the hang begins; the stall takes its

@@ -211,7 +211,7 @@ def test_the_raw_confidence_does_jitter_in_those_loads() -> None:
     raw = []
     for at, body in recorded(scenario, start_at=START_AT, interval_s=INTERVAL, duration_s=600):
         e = evaluator.step(parser.parse(body, at))
-        raw += [diagnose(s, rulebook, open_after=3).confidence for s in e.signals.values()]
+        raw += [diagnose(s, rulebook).confidence for s in e.signals.values()]
     assert max(abs(x - y) for x, y in itertools.pairwise(raw)) >= 0.25
 
 

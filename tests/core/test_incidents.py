@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -316,3 +317,31 @@ class TestExportRestore:
         values: dict[str, object] = {"model_name": "m", "run": 0, "started_at": 1.0, **fields}
         with pytest.raises(ValueError):
             TrackRecord(**values)  # type: ignore[arg-type]
+
+
+class TestSustained:
+    """A ``sustained`` diagnosis (a stall: it has already lasted stall_after_seconds) is
+    not counted towards open_after: it opens, or takes an open incident over, at once."""
+
+    @staticmethod
+    def stalled(at: float) -> Diagnosis:
+        return dataclasses.replace(d(at, S), sustained=True)
+
+    def test_opens_at_once_whatever_open_after(self) -> None:
+        for open_after in (1, 3, 9):
+            t = IncidentTracker(open_after=open_after)
+            out = t.observe(self.stalled(0.0))
+            assert [(x.event, x.cause, x.reason) for x in out] == [("firing", S, Reason.OPENED)]
+
+    def test_takes_over_an_open_incident_at_once(self) -> None:
+        """A queue is firing and the engine hangs: the stall ends the queue's episode and
+        starts its own on its first sustained evaluation."""
+        t = IncidentTracker(open_after=3)
+        walk(t, [Q, Q, Q])
+        out = t.observe(self.stalled(3.0))
+        assert [(x.event, x.cause) for x in out] == [("resolved", Q), ("firing", S)]
+
+    def test_the_same_unsustained_waits_open_after(self) -> None:
+        """Without the mark the same evaluations count as any breach does."""
+        t = IncidentTracker(open_after=3)
+        assert [x.at for i in range(3) for x in t.observe(d(float(i), S))] == [2.0]

@@ -8,7 +8,6 @@ from typing import Any
 
 from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.model import Progress
-from vllm_triage.core.stall import stall_breach_seconds
 
 from support.diagnosis import q, rules, signals
 
@@ -82,29 +81,17 @@ class TestStalled:
         d = diagnose(signals(progress=brief, **QUEUED), rules())
         assert d.cause == "queue_bound"
 
-    def test_the_breach_leads_the_alert_by_open_after(self) -> None:
-        """With 5 s scrapes and open_after 3 the stall breaches at 20 s, so the alert
-        (three breached evaluations later) fires at stall_after_seconds, 30 s."""
-        assert stall_breach_seconds(rules(), 5.0, 3) == 20.0
-        assert (
-            diagnose(
-                signals(progress=progress(seconds_without_progress=20.0)), rules(), open_after=3
-            ).cause
-            == "stalled"
-        )
-        assert (
-            diagnose(
-                signals(progress=progress(seconds_without_progress=19.0)), rules(), open_after=3
-            ).cause
-            is None
-        )
-        # a one-off verdict (open_after 1) waits the whole 30 s
-        assert (
-            diagnose(signals(progress=progress(seconds_without_progress=29.0)), rules()).cause
-            is None
-        )
-        # never earlier than half of it, however long the scrape interval
-        assert stall_breach_seconds(rules(), 60.0, 5) == 15.0
+    def test_the_breach_is_stall_after_seconds_and_sustained(self) -> None:
+        """Stalled from stall_after_seconds (30 s) of no progress, not a second earlier
+        whatever the scrape interval, and ``sustained``: the tracker opens on it at once
+        (the test is already one of time), so the alert does not wait open_after more
+        scrapes of an overloaded host."""
+        at = diagnose(signals(progress=progress(seconds_without_progress=30.0)), rules())
+        assert at.cause == "stalled" and at.sustained
+        for interval in (1.0, 5.0, 60.0):
+            before = progress(seconds_without_progress=29.0, interval_seconds=interval)
+            d = diagnose(signals(progress=before), rules())
+            assert d.cause is None and d.held and not d.sustained
 
     def test_an_unanswered_probe_on_an_idle_looking_engine(self) -> None:
         """The gauges say idle, but a one-token probe has had no answer for 35 s while
