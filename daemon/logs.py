@@ -154,3 +154,29 @@ class Throttle:
         held = self.held if self._logged_at is not None else None
         self._logged_at, self.held, self._reason = None, 0, ""
         return held
+
+    def warn(
+        self,
+        logger: Any,
+        event: str,
+        *,
+        key: str = "",
+        count: str | None = "failures_since_last_log",
+        **fields: Any,
+    ) -> None:
+        """One occurrence: a warning line with ``fields`` when one is ``due(key)``, with
+        how many occurrences it stands for under ``count`` (this one and those held back;
+        None: no count), else one more held back."""
+        if not self.due(key):
+            return
+        if count is not None:
+            fields[count] = self.held + 1
+        logger.warning(event, **fields)
+        self.logged()
+
+    def recovered(self, logger: Any, event: str, **fields: Any) -> None:
+        """The condition is over: an info line with how many lines were held back since
+        the last one (``suppressed``), if it was ever logged; nothing otherwise."""
+        held = self.clear()
+        if held is not None:
+            logger.info(event, **fields, suppressed=held)

@@ -67,20 +67,12 @@ class Health:
         message = message[: 2 * LOG_TEXT_CHARS]
         st.last_error = message
         # Logged at once when the reason changes (a timeout, then a redirect): new news.
-        if self._failures.due(reason):
-            log.warning(
-                "scrape_failed",
-                target=st.name,
-                reason=reason,
-                err=message,
-                failures_since_last_log=self._failures.held + 1,
-            )
-            self._failures.logged()
+        self._failures.warn(
+            log, "scrape_failed", key=reason, target=st.name, reason=reason, err=message
+        )
 
     def succeeded(self, at: float) -> None:
-        held = self._failures.clear()
-        if held is not None:
-            log.info("scrape_recovered", target=self.state.name, suppressed=held)
+        self._failures.recovered(log, "scrape_recovered", target=self.state.name)
         self.state.up, self.state.last_success_at = True, at
 
 
@@ -219,28 +211,26 @@ class Target:
         if not resets:
             self._inconsistent.clear()
             return
-        if self._inconsistent.due():
-            log.warning(
-                "counters_inconsistent",
-                target=self.state.name,
-                resets_in_window=resets,
-                consequence="rates and latencies of this target are left out: is more than "
-                "one server behind its address?",
-            )
-            self._inconsistent.logged()
+        self._inconsistent.warn(
+            log,
+            "counters_inconsistent",
+            count=None,
+            target=self.state.name,
+            resets_in_window=resets,
+            consequence="rates and latencies of this target are left out: is more than "
+            "one server behind its address?",
+        )
 
     def _log_problems(self, problems: tuple[str, ...]) -> None:
         """Unusable series are counted on every scrape and logged once a minute at most
         (a target that always sends a NaN must not write a line per scrape)."""
-        if not self._problems.due():
-            return
-        log.warning(
+        self._problems.warn(
+            log,
             "series_unusable",
+            count="scrapes_since_last_log",
             target=self.state.name,
             problems=[p[:LOG_TEXT_CHARS] for p in problems[:5]],
-            scrapes_since_last_log=self._problems.held + 1,
         )
-        self._problems.logged()
 
     def _log_transition(self, t: Transition) -> None:
         d = t.diagnosis

@@ -311,15 +311,15 @@ class PrometheusSource:
         self.last_rows = fleet.rows
         if fleet.unusable:
             self.api.state.series_problems += fleet.unusable
-            if self._unusable.due():
-                log.warning(
-                    "fleet_rows_unusable",
-                    rows=fleet.unusable,
-                    of=fleet.rows,
-                    held_back=self._unusable.held,
-                    why="labels that are not strings",
-                )
-                self._unusable.logged()
+            self._unusable.warn(
+                log,
+                "fleet_rows_unusable",
+                count=None,
+                rows=fleet.unusable,
+                of=fleet.rows,
+                held_back=self._unusable.held,
+                why="labels that are not strings",
+            )
         with cyclic_gc_paused():
             self._judge(fleet, at)
 

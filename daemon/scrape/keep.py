@@ -75,18 +75,10 @@ class ScrapeKeeper:
             return
         st.written += 1
         st.bytes_written += len(body)
-        held = self._failures.clear()
-        if held is not None:
-            log.info("recording_recovered", target=self.target, suppressed=held)
+        self._failures.recovered(log, "recording_recovered", target=self.target)
 
     def _failed(self, reason: str, message: str) -> None:
         self.stats.failures[reason] += 1
-        if self._failures.due(reason):
-            log.warning(
-                "recording_failed",
-                target=self.target,
-                reason=reason,
-                err=message,
-                failures_since_last_log=self._failures.held + 1,
-            )
-            self._failures.logged()
+        self._failures.warn(
+            log, "recording_failed", key=reason, target=self.target, reason=reason, err=message
+        )

@@ -137,13 +137,13 @@ class Scraper:
         parser = self.reader.parser
         dropped = parser.models_dropped
         self.target.state.models_dropped += dropped
-        if self._dropped.due():
-            self._dropped.logged()
-            log.warning(
-                "models_dropped",
-                target=self.target.name,
-                exposed=kept + dropped,
-                kept=kept,
-                dropped=dropped,
-                first_dropped=parser.first_dropped[:80],
-            )
+        self._dropped.warn(
+            log,
+            "models_dropped",
+            count=None,
+            target=self.target.name,
+            exposed=kept + dropped,
+            kept=kept,
+            dropped=dropped,
+            first_dropped=parser.first_dropped[:80],
+        )

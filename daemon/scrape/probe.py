@@ -167,17 +167,13 @@ class Prober:
         return None if one_token(answer.body) else "bad_response"
 
     def _failed(self, reason: str) -> None:
-        if self._failures.due():
-            log.warning(
-                "probe_failed",
-                target=self.target,
-                reason=reason,
-                seconds=round(self.stats.last_seconds or 0.0, 3),
-                failures_since_last_log=self._failures.held + 1,
-            )
-            self._failures.logged()
+        self._failures.warn(
+            log,
+            "probe_failed",
+            target=self.target,
+            reason=reason,
+            seconds=round(self.stats.last_seconds or 0.0, 3),
+        )
 
     def _recovered(self) -> None:
-        held = self._failures.clear()
-        if held is not None:
-            log.info("probe_recovered", target=self.target, suppressed=held)
+        self._failures.recovered(log, "probe_recovered", target=self.target)

@@ -22,6 +22,7 @@ applies them by scenario phase.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from vllm_triage.simulator.stats import EngineStats
 from vllm_triage.simulator.step import Request, Step
@@ -46,10 +47,8 @@ class EngineFaults:
     _pending: deque[Request]
     _waiting: deque[Request]
     _running: list[Request]
-
-    def _gauges(self) -> Gauges:
-        """What a scrape sees now: running, waiting, KV usage (``Engine`` has them)."""
-        raise NotImplementedError
+    #: What a scrape sees now: running, waiting, KV usage (``Engine``'s method).
+    _gauges: Callable[[], Gauges]
 
     @property
     def asleep(self) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from vllm_triage.logs import configure
+from vllm_triage.logs import Throttle, configure
 from vllm_triage.simulator import get_scenario
 
 from support.clirun import COMMAND
@@ -143,3 +143,52 @@ class TestTheDaemonOnATerminal:
         text = run_into_a_terminal(tmp_path, {"NO_COLOR": "1"}, 30)
         assert "FIRING" in text, text[-2000:]
         assert "\x1b[" not in text
+
+
+class _Lines:
+    """A logger that keeps each line as (level, event, fields)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, object]]] = []
+
+    def warning(self, event: str, **fields: object) -> None:
+        self.lines.append(("warning", event, fields))
+
+    def info(self, event: str, **fields: object) -> None:
+        self.lines.append(("info", event, fields))
+
+
+class TestThrottle:
+    """A repeating condition: its first line at once, then one a minute with how many
+    it stands for, at once again when its reason changes, and one line when it ends."""
+
+    def test_a_dead_target_for_three_minutes(self) -> None:
+        now = [0.0]
+        throttle = Throttle(60.0, clock=lambda: now[0])
+        out = _Lines()
+        for second in range(0, 180, 5):  # a failure every 5 s
+            now[0] = float(second)
+            reason = "timeout" if second < 100 else "connect"
+            throttle.warn(out, "scrape_failed", key=reason, target="a", reason=reason)
+        throttle.recovered(out, "scrape_recovered", target="a")
+        throttle.recovered(out, "scrape_recovered", target="a")  # not logged again
+        said = [
+            (lvl, ev, f.get("reason"), f.get("failures_since_last_log")) for lvl, ev, f in out.lines
+        ]
+        assert said == [
+            ("warning", "scrape_failed", "timeout", 1),  # 0 s
+            ("warning", "scrape_failed", "timeout", 12),  # 60 s: it and 11 held back
+            ("warning", "scrape_failed", "connect", 8),  # 100 s: new news, at once
+            ("warning", "scrape_failed", "connect", 12),  # 160 s
+            ("info", "scrape_recovered", None, None),
+        ]
+        assert out.lines[-1][2] == {"target": "a", "suppressed": 3}  # 165, 170, 175 s
+
+    def test_no_count_field_and_a_condition_never_logged(self) -> None:
+        throttle = Throttle(60.0, clock=lambda: 0.0)
+        out = _Lines()
+        throttle.recovered(out, "probe_recovered")  # never logged: nothing to end
+        throttle.warn(out, "models_dropped", count=None, dropped=3)
+        throttle.warn(out, "models_dropped", count=None, dropped=3)  # held back
+        assert out.lines == [("warning", "models_dropped", {"dropped": 3})]
+        assert throttle.held == 1
