@@ -201,6 +201,15 @@ def stop_with_work(server: Server, pid: int, engine: str = "0") -> tuple[float, 
     raise AssertionError(f"engine {engine} never had work outstanding when stopped")
 
 
+def assert_load_survived_the_hang(ok: int, failed: int, errors: Counter[str]) -> None:
+    """The load ran, and lost at most one request per stream the hang held: on this
+    2-core machine a minute-long hang under 8 streams has dropped a few connections
+    (httpx ReadError, seen in CI, 3 of 79), which says nothing of the engine's progress,
+    the subject of these tests; more than that would mean the load itself broke."""
+    held = loadgen.MODES["stall"].concurrency
+    assert ok > 0 and failed <= max(held, ok // 50), f"{ok} ok, {failed} failed: {dict(errors)}"
+
+
 def verdicts(rec: Path, start: float, seconds: float) -> list[tuple[float, str, str]]:
     """What the core said of the recording's model every few seconds from ``start`` on
     (seconds since it, cause or held, the summary's start): a failed stall test's story."""
@@ -334,7 +343,7 @@ class TestStandardServer:
                 standard.flags,
                 {"load": "stall", "stopped_at": stopped_at, "resumed_at": resumed_at},
             )
-        assert ok > 0 and failed == 0, f"{ok} ok, {failed} failed: {dict(errors)}"
+        assert_load_survived_the_hang(ok, failed, errors)
         stalled_in_time(rec, stopped_at, settled_at, resumed_at)
 
 
@@ -392,9 +401,7 @@ class TestDataParallel:
                 DATA_PARALLEL,
                 {"load": "stall", "stopped_at": stopped_at, "resumed_at": resumed_at},
             )
-        # As induce(): one connection dropped in a hundred on a 2-core machine running two
-        # engines, the recorder and the load does not change the load (seen once in CI).
-        assert ok > 0 and failed <= ok // 50, f"{ok} ok, {failed} failed: {dict(errors)}"
+        assert_load_survived_the_hang(ok, failed, errors)
         evidence = stalled_in_time(rec, stopped_at, settled_at, resumed_at).diagnosis.evidence
         assert list(evidence["stalled_engines"]) == ["1"], evidence
         assert evidence["engines_stalled"] == "1 of 2 engines", evidence
