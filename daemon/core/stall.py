@@ -40,13 +40,12 @@ STILL_SCRAPES = 2
 @dataclass(frozen=True, slots=True)
 class _Stall:
     progress: Progress
-    breach_at: float
-    stalled: bool  # no progress with work outstanding for breach_at seconds
+    stalled: bool  # no progress with work outstanding for stall_after_seconds
     frozen: bool  # no progress with work outstanding, not (yet) that long
     aftermath: bool  # a stall ended inside the window
     kind: str  # hung, asleep or stale_gauges
     #: A stall ended inside the window that was already under way when watching began,
-    #: seen for less than ``breach_at``: how long it really lasted is unknown.
+    #: seen for less than ``stall_after_seconds``: how long it really lasted is unknown.
     recovered: bool = False
     #: The engines stuck (data parallelism; empty for one engine), and of how many.
     engines: tuple[str, ...] = ()
@@ -72,7 +71,6 @@ def _stall(s: Signals, rules: Rulebook) -> _Stall | None:
         # Frozen gauges while the counters move: a stall of the gauges, not the engine.
         return _Stall(
             progress=p,
-            breach_at=breach_at,
             stalled=stale >= breach_at,
             frozen=stale >= STILL_SCRAPES * (p.interval_seconds or 0.0),
             aftermath=False,
@@ -94,7 +92,6 @@ def _stall(s: Signals, rules: Rulebook) -> _Stall | None:
     )
     return _Stall(
         progress=p,
-        breach_at=breach_at,
         stalled=without > 0 and without >= breach_at,
         frozen=without > 0,
         aftermath=previous is not None and previous >= breach_at,
@@ -221,13 +218,13 @@ def _held(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
         summary = (
             f"the running, waiting and KV gauges have not moved for "
             f"{p.gauges_still_seconds:.0f} s while tokens flow: they may be stale, so no "
-            f"cause is judged on them; stale from {st.breach_at:.0f} s"
+            f"cause is judged on them; stale from {rules.thresholds.stall_after_seconds:.0f} s"
         )
     elif st.frozen:
         summary = (
             f"no engine progress for {p.seconds_without_progress:.0f} s with work "
             f"outstanding: the gauges are frozen, so no other cause is judged on them; "
-            f"stalled from {st.breach_at:.0f} s"
+            f"stalled from {rules.thresholds.stall_after_seconds:.0f} s"
         )
     else:
         summary = (
