@@ -14,6 +14,7 @@ how tests/fixtures/recordings/ was made).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
@@ -201,6 +202,47 @@ def stop_with_work(server: Server, pid: int, engine: str = "0") -> tuple[float, 
     raise AssertionError(f"engine {engine} never had work outstanding when stopped")
 
 
+#: How long the engine is stopped: longer than stall_after_seconds (30 s) plus the time
+#: to fire, as a hang users report would be.
+STALL_SECONDS = 60.0
+
+
+def hang_under_load(
+    server: Server, pid: int, engine: str, rec: Path, log: Path
+) -> tuple[float, float, float, tuple[int, int, Counter[str]]]:
+    """Record ``server`` while 8 decoding streams run, stop engine ``pid`` for
+    STALL_SECONDS with work outstanding, let it run again, and record on for a while:
+    (stopped_at, settled_at, resumed_at, the load's result). The recording lasts until
+    it is interrupted, however long the stop took to land on a busy machine."""
+    before, after = 20.0, 25.0
+    recorder = start_recorder(server.metrics_url, rec, log, None)
+    try:
+        time.sleep(3)  # a few idle scrapes first: the baseline
+        load = Load(server, "stall", before + STALL_SECONDS + after)
+        time.sleep(before)
+        stopped_at, settled_at = stop_with_work(server, pid, engine)
+        try:
+            time.sleep(STALL_SECONDS)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        resumed_at = time.time()
+        time.sleep(after)
+        result = load.join(timeout=before + STALL_SECONDS + after + 300)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        stop_recorder(recorder)
+    return stopped_at, settled_at, resumed_at, result
+
+
+def stop_recorder(recorder: subprocess.Popen[bytes]) -> None:
+    """Interrupt a recorder started without a duration (it ends cleanly on SIGINT)."""
+    recorder.send_signal(signal.SIGINT)
+    try:
+        recorder.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        recorder.kill()
+
+
 def assert_load_survived_the_hang(ok: int, failed: int, errors: Counter[str]) -> None:
     """The load ran, and lost at most one request per stream the hang held: on this
     2-core machine a minute-long hang under 8 streams has dropped a few connections
@@ -234,13 +276,20 @@ def stalled_in_time(
 ) -> Transition:
     """The recording's stall fired and resolved, and nothing else fired: at the first
     scrape stall_after_seconds after the engine's frozen values first showed (the daemon
-    judges only at scrapes, and a busy host scrapes late), never before that long after
-    its last step; resolved after it resumed. The firing transition."""
+    judges only at scrapes, and a busy host scrapes late) or after the last gap in the
+    scrapes longer than the window, never before that long after its last step; resolved
+    after it resumed. The firing transition."""
     out = transitions(rec, STALL_CONFIG)
     times = scrape_times(rec)
-    after_s = load_settings(STALL_CONFIG).thresholds.stall_after_seconds
-    frozen_seen = next(t for t in times if t >= settled_at)
-    latest = next((t for t in times if t >= frozen_seen + after_s), times[-1])
+    settings = load_settings(STALL_CONFIG)
+    after_s = settings.thresholds.stall_after_seconds
+    watched_from = next(t for t in times if t >= settled_at)
+    # A gap between scrapes longer than the window starts the watch again (the daemon
+    # cannot tell a hang from a pause of its own host), so the count starts after it.
+    for a, b in itertools.pairwise(times):
+        if a >= watched_from and b - a > settings.window_seconds and b < resumed_at:
+            watched_from = b
+    latest = next((t for t in times if t >= watched_from + after_s), times[-1])
     last_step = max(t for t in times if t < stopped_at)  # it stepped until stopped
     said = [(t.event, t.cause, round(t.at - stopped_at, 1)) for t in out]
     # The message is built only on failure: then what the core said, every few seconds.
@@ -314,26 +363,9 @@ class TestStandardServer:
         values showed, and resolves once the engine runs again (SIGCONT)."""
         rec = tmp_path / "stall"
         engine = engine_core_pid(standard)
-        before, hang, after = 20.0, STALL_SECONDS, 25.0
-        recorder = start_recorder(
-            standard.metrics_url, rec, tmp_path / "record-stall.log", 3 + before + hang + after + 8
+        stopped_at, settled_at, resumed_at, (ok, failed, errors) = hang_under_load(
+            standard, engine, "0", rec, tmp_path / "record-stall.log"
         )
-        try:
-            time.sleep(3)  # a few idle scrapes first: the baseline
-            load = Load(standard, "stall", before + hang + after)
-            time.sleep(before)
-            stopped_at, settled_at = stop_with_work(standard, engine)
-            try:
-                time.sleep(hang)
-            finally:
-                os.kill(engine, signal.SIGCONT)
-            resumed_at = time.time()
-            ok, failed, errors = load.join(timeout=before + hang + after + 300)
-            recorder.wait(timeout=before + hang + after + 60)
-        finally:
-            os.kill(engine, signal.SIGCONT)
-            if recorder.poll() is None:
-                recorder.kill()
         wait_idle(standard)
         saved = os.environ.get("TRIAGE_TEST_SAVE_RECORDINGS")
         if saved:
@@ -370,29 +402,12 @@ class TestDataParallel:
         ("1 of 2 engines"), at the first scrape stall_after_seconds after its frozen values
         showed; it resolves once engine 1 runs again."""
         rec = tmp_path / "dp-stall"
-        before, hang, after = 20.0, STALL_SECONDS, 25.0
         with running_vllm(tiny_model, DATA_PARALLEL, logs) as server:
             engines = engine_core_pids(server)
             assert sorted(engines) == ["0", "1"], engines
-            recorder = start_recorder(
-                server.metrics_url, rec, tmp_path / "record-dp.log", 3 + before + hang + after + 8
+            stopped_at, settled_at, resumed_at, (ok, failed, errors) = hang_under_load(
+                server, engines["1"], "1", rec, tmp_path / "record-dp.log"
             )
-            try:
-                time.sleep(3)
-                load = Load(server, "stall", before + hang + after)
-                time.sleep(before)
-                stopped_at, settled_at = stop_with_work(server, engines["1"], engine="1")
-                try:
-                    time.sleep(hang)
-                finally:
-                    os.kill(engines["1"], signal.SIGCONT)
-                resumed_at = time.time()
-                ok, failed, errors = load.join(timeout=before + hang + after + 300)
-                recorder.wait(timeout=before + hang + after + 60)
-            finally:
-                os.kill(engines["1"], signal.SIGCONT)
-                if recorder.poll() is None:
-                    recorder.kill()
         saved = os.environ.get("TRIAGE_TEST_SAVE_RECORDINGS")
         if saved:
             save_trimmed(
@@ -405,11 +420,6 @@ class TestDataParallel:
         evidence = stalled_in_time(rec, stopped_at, settled_at, resumed_at).diagnosis.evidence
         assert list(evidence["stalled_engines"]) == ["1"], evidence
         assert evidence["engines_stalled"] == "1 of 2 engines", evidence
-
-
-#: How long the engine is stopped: longer than stall_after_seconds (30 s) plus the time
-#: to fire, as a hang users report would be.
-STALL_SECONDS = 60.0
 
 
 class TestRestart:
@@ -439,11 +449,7 @@ class TestRestart:
                 wait_idle(second)
         finally:
             if recorder is not None:
-                recorder.send_signal(signal.SIGINT)
-                try:
-                    recorder.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    recorder.kill()
+                stop_recorder(recorder)
         saved = os.environ.get("TRIAGE_TEST_SAVE_RECORDINGS")
         if saved:
             save_trimmed(
