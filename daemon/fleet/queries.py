@@ -10,6 +10,9 @@ windowing, one per signal, each answering for every server (its identity labels)
   counters' increases (rates, speculative decoding);
 - the gauges' mean, max and min over the window, their means over the moments requests
   were running (a subquery at the evaluation step), the samples and the engines;
+- engine by engine (the ``engine`` label, vLLM's data-parallel rank): whether its
+  step-driven series changed over the stall range, its work outstanding and sleep state
+  then, and its window means of waiting requests and KV usage (the balance);
 - ``cache_config_info``'s pool size and settings (bytes, utilization, cache dtype); and,
   with DCGM, each pod's card, GPU count and memory activity.
 
@@ -183,6 +186,7 @@ class _Builder:
             out.append(self._query(field, expr))
         out += self._gauges()
         out += self._progress()
+        out += self._balance()
         out.append(self._pool())
         out += self._dcgm()
         return [q for q in out if q is not None]
@@ -252,6 +256,21 @@ class _Builder:
             self._query("engine_changes", changes),
             self._query("engine_outstanding", outstanding),
             self._query("engine_awake", awake),
+        ]
+
+    def _balance(self) -> list[FleetQuery | None]:
+        """Engine by engine: its window mean of waiting requests and of KV usage, as the
+        sidecar's window has them (``core.engines``): the merged gauges read the same
+        whether the load is spread evenly or one engine holds it all."""
+        by = f"{self.by}, engine"
+        return [
+            self._query(
+                f"engine_{field}_mean",
+                self._each(
+                    field, "gauge", f"{agg} by ({by}) (avg_over_time({{s}}[{self.w}]))", on=by
+                ),
+            )
+            for field, agg in (("waiting", "sum"), ("kv_usage", "avg"))
         ]
 
     def _pool(self) -> FleetQuery | None:

@@ -47,7 +47,8 @@ class _Model:
     buckets: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     engines: int = 0
     #: Per ``engine`` label: its progress rows (``engine_changes``, ``engine_outstanding``,
-    #: ``engine_awake``), at most ``MAX_ENGINES`` engines.
+    #: ``engine_awake``) and its balance (``engine_waiting_mean``,
+    #: ``engine_kv_usage_mean``), at most ``MAX_ENGINES`` engines.
     by_engine: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
@@ -255,12 +256,21 @@ def totals(
         running_busy_mean=v.get("running_busy_mean"),
         kv_usage_busy_mean=v.get("kv_usage_busy_mean"),
         engines=max(1, m.engines),
+        engine_waiting_mean=_engine_means(m, "engine_waiting_mean"),
+        engine_kv_usage_mean=_engine_means(m, "engine_kv_usage_mean"),
         kv_pool_tokens=pool_tokens,
         kv_cache=kv_cache,
         dram_active_mean=dram_active,
         progress=_progress(m, at, stall_seconds),
         progress_missing="not exposed: no token, step or scheduler series per engine",
     )
+
+
+def _engine_means(m: _Model, key: str) -> dict[str, float]:
+    """Each engine's window mean (``key``), when two engines or more have one, as the
+    sidecar's window gives them (one engine's is the merged value)."""
+    means = {e: v[key] for e, v in m.by_engine.items() if key in v}
+    return dict(sorted(means.items())) if len(means) >= 2 else {}
 
 
 def _progress(m: _Model, at: float, stall_seconds: float) -> Progress | None:

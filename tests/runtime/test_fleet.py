@@ -45,7 +45,7 @@ from vllm_triage.simulator import get_scenario, record
 from vllm_triage.store import StateStore
 
 from support.localserver import Exchange, serving
-from support.paths import CONFIGS
+from support.paths import CONFIGS, FIXTURES
 
 STEP = 5.0
 WINDOW = 60.0
@@ -138,6 +138,13 @@ def model_rows(keys: set[str], labels: dict[str, str], t: WindowTotals) -> list[
     for key, value in gauges.items():
         if key in keys and value is not None:
             out.append(_row(lab, key, at, value))
+    # Each data-parallel engine's balance, one row per engine label.
+    for key, means in (
+        ("engine_waiting_mean", t.engine_waiting_mean),
+        ("engine_kv_usage_mean", t.engine_kv_usage_mean),
+    ):
+        if key in keys:
+            out += [_row({**lab, "engine": e}, key, at, v) for e, v in means.items()]
     return out
 
 
@@ -156,6 +163,9 @@ class Fake:
         self.names_api = True
         self.status = 200
         self.raw: bytes | None = None
+        #: Per-engine rows answered for every server's model instead of the window's:
+        #: {key: {engine: value}}.
+        self.engine_rows: dict[str, dict[str, float]] = {}
 
     def names(self) -> frozenset[str]:
         return frozenset().union(*(exposed(s) for s in self.servers.values()))
@@ -174,6 +184,13 @@ class Fake:
                 continue
             extra = self.labels.get(instance, {})
             for t in models:
+                if key in self.engine_rows:
+                    lab = {**labels, "model_name": t.model_name}
+                    rows += [
+                        _row({**lab, "engine": e}, key, at, v)
+                        for e, v in self.engine_rows[key].items()
+                    ]
+                    continue
                 for row in model_rows({key}, labels, t):
                     if key == "engines":
                         row["metric"].update(extra)
@@ -524,6 +541,44 @@ class TestTicks:
         assert len(fake.seen) == 5 * (len(source.queries) + 1)
         assert {q.key for q in source.queries} >= {"dcgm_gpus", "ttft_bucket"}
         assert source.api.state.up and source.api.state.scrapes == 5
+
+    def test_each_data_parallel_engines_balance_is_the_sidecars(self) -> None:
+        """Two engines, one of them hung (its gauges frozen): each engine's window means
+        of waiting and KV usage reach fleet mode's signals as the sidecar has them."""
+        fake = Fake()
+        fake.servers = {"a:8000": str(FIXTURES / "scenarios" / "dp_one_engine_hung.yaml")}
+        with query_api(fake) as url:
+            source = run_ticks(fleet_settings(url), warm(fake, [NOW - STEP, NOW]), fake=fake)
+        view = source.targets["vllm/a:8000"].state.view
+        assert view is not None
+        got = view.evaluation.signals[MODEL]
+        want = without_progress(window_at(fake.servers["a:8000"], NOW).signals(MODEL))
+        assert set(got.engine_waiting_mean) == set(got.engine_kv_usage_mean) == {"0", "1"}
+        assert got.engine_waiting_mean == want.engine_waiting_mean
+        assert got.engine_kv_usage_mean == want.engine_kv_usage_mean
+        # The rest as well, but the pool's labels: this fake answers the merged pool as
+        # one engine's ``cache_config_info`` row.
+        assert dataclasses.replace(got, kv_cache=want.kv_cache) == want
+
+    def test_one_engine_holding_the_queue_is_named_in_fleet_mode(self) -> None:
+        """A queue-bound server whose queue Prometheus says is all engine 1's: the fleet's
+        diagnosis names the engine and puts the balancer's fixes first, as the sidecar's
+        does on the same signals."""
+        fake = Fake()
+        fake.servers = {"a:8000": "queue_bound"}
+        queue = totals_at("queue_bound", NOW)[0][0].waiting.mean
+        assert queue is not None and queue > 4
+        fake.engine_rows = {"engine_waiting_mean": {"0": 0.5, "1": queue}}
+        with query_api(fake) as url:
+            settings = fleet_settings(url)
+            source = run_ticks(settings, warm(fake, [NOW - STEP, NOW]), fake=fake)
+        view = source.targets["vllm/a:8000"].state.view
+        assert view is not None
+        d = view.evaluation.diagnoses[MODEL]
+        assert d.cause == "queue_bound"
+        assert "engine 1 of 2 carries it" in d.summary, d.summary
+        balancer = build_rulebook(settings).kind_remediation["dp_imbalance"]
+        assert d.remediation[: len(balancer)] == balancer
 
     def test_dcgm_gives_each_server_its_card_and_memory_activity(self) -> None:
         fake = Fake()

@@ -25,7 +25,9 @@ import pytest
 
 from vllm_triage.assemble import build_fleet, build_rulebook
 from vllm_triage.config.load import load_settings
+from vllm_triage.config.schema import Settings
 from vllm_triage.core.diagnose import diagnose
+from vllm_triage.core.model import Signals
 from vllm_triage.core.names import SAMPLES
 from vllm_triage.core.parse import parse_snapshot
 from vllm_triage.core.totals import Window
@@ -35,6 +37,7 @@ from vllm_triage.simulator import get_scenario, record
 from support.clirun import stop
 from support.fleet_sim import PodGpus, dcgm_exposition, relabel, serving
 from support.harness import free_port, metrics_url, running_daemon, simulated, wait_for
+from support.paths import FIXTURES
 from support.receiver import Receiver
 
 pytestmark = pytest.mark.prometheus
@@ -337,19 +340,16 @@ def openmetrics(recordings: dict[str, list[tuple[float, str]]]) -> str:
     return "\n".join([*out, "# EOF"]) + "\n"
 
 
-def test_fleet_signals_equal_the_sidecars_on_a_recording(tmp_path: Path) -> None:
-    """The same recordings, windowed by the sidecar's own window and by Prometheus (the
-    fleet's PromQL over backfilled blocks): the same quantiles (and where they fell),
-    means, rates, gauges, and the same diagnosis."""
-    step, window = 5.0, 60.0
-    end = time.time() - 3600
-    end -= end % step
-    recordings = {
-        f"{scenario}:8000": list(
-            record(get_scenario(scenario), start_at=end - 300, interval_s=step, duration_s=300)
-        )
-        for scenario in ("kv_pressure", "decode_bound", "prefill_bound")
-    }
+def fleet_over_backfill(
+    tmp_path: Path,
+    recordings: dict[str, list[tuple[float, str]]],
+    step: float,
+    window: float,
+    ticks: list[float],
+) -> tuple[PrometheusSource, Settings]:
+    """The recordings backfilled into a real Prometheus (promtool's blocks) and fleet mode
+    ticking over them at each of ``ticks``: the source after the last tick, and its
+    settings."""
     (tmp_path / "series.om").write_text(openmetrics(recordings), encoding="utf-8")
     data = tmp_path / "prom-data"
     subprocess.run(
@@ -383,27 +383,57 @@ def test_fleet_signals_equal_the_sidecars_on_a_recording(tmp_path: Path) -> None
             "prometheus": {"url": url, "selector": '{job="vllm"}'},
         }
     )
+    now = [ticks[0]]
 
     async def judged() -> PrometheusSource:
         async with httpx.AsyncClient() as client:
-            source = build_fleet(settings, client=client, notifier=None, clock=lambda: end)
-            await source.tick()
+            source = build_fleet(settings, client=client, notifier=None, clock=lambda: now[0])
+            for at in ticks:
+                now[0] = at
+                await source.tick()
             return source
 
     with process(args, tmp_path / "prometheus.log"):
         wait_for(lambda: _ok(url + "/-/ready"), timeout=30, every=0.2)
         source = asyncio.run(judged())
     assert source.api.state.up, source.api.state.last_error
-    rules = build_rulebook(settings)
-    compared: set[str] = set()
+    return source, settings
+
+
+def side_by_side(
+    source: PrometheusSource,
+    settings: Settings,
+    recordings: dict[str, list[tuple[float, str]]],
+    window: float,
+) -> Iterator[tuple[str, Signals, Signals]]:
+    """Each recorded server: its signals from the sidecar's own window over the recording
+    and fleet mode's from Prometheus, (instance, sidecar's, fleet's)."""
     for instance, scrapes in recordings.items():
         w = Window(window, min_observations=settings.thresholds.min_observations)
         for at, body in scrapes:
             w.push(parse_snapshot(body, at))
-        want = w.signals(MODEL)
         view = source.targets[f"vllm/{instance}"].state.view
         assert view is not None
-        got = view.evaluation.signals[MODEL]
+        yield instance, w.signals(MODEL), view.evaluation.signals[MODEL]
+
+
+def test_fleet_signals_equal_the_sidecars_on_a_recording(tmp_path: Path) -> None:
+    """The same recordings, windowed by the sidecar's own window and by Prometheus (the
+    fleet's PromQL over backfilled blocks): the same quantiles (and where they fell),
+    means, rates, gauges, and the same diagnosis."""
+    step, window = 5.0, 60.0
+    end = time.time() - 3600
+    end -= end % step
+    recordings = {
+        f"{scenario}:8000": list(
+            record(get_scenario(scenario), start_at=end - 300, interval_s=step, duration_s=300)
+        )
+        for scenario in ("kv_pressure", "decode_bound", "prefill_bound")
+    }
+    source, settings = fleet_over_backfill(tmp_path, recordings, step, window, [end])
+    rules = build_rulebook(settings)
+    compared: set[str] = set()
+    for instance, want, got in side_by_side(source, settings, recordings, window):
         compared.update(f for f in COMPARED if getattr(want, f) is not None)
         for name in ("ttft_p50", "ttft_p90", "ttft_p99", "itl_p50", "itl_p99"):
             a, b = getattr(got, name), getattr(want, name)
@@ -443,7 +473,11 @@ def test_fleet_signals_equal_the_sidecars_on_a_recording(tmp_path: Path) -> None
                 instance,
                 name,
             )
-        assert view.evaluation.diagnoses[MODEL].cause == diagnose(want, rules).cause
+        view = source.targets[f"vllm/{instance}"].state.view
+        assert (
+            view is not None
+            and view.evaluation.diagnoses[MODEL].cause == diagnose(want, rules).cause
+        )
     # Not vacuous: every signal had a value on at least one of the servers.
     assert compared == set(COMPARED)
 
@@ -460,3 +494,39 @@ COMPARED = (
     "iteration_tokens_mean",
     "kv_pool_tokens",
 )
+
+
+def test_fleet_judges_each_data_parallel_engine(tmp_path: Path) -> None:
+    """Two servers of two data-parallel engines each, backfilled into a real Prometheus:
+    one whose engine 1 has hung for 160 s while engine 0 serves on (the server's merged
+    counters still move), one healthy. Fleet mode's PromQL (changes() engine by engine)
+    fires stalled on the first, naming engine 1, and not on the second; each engine's
+    window means of waiting and KV usage (the balance) are the sidecar's."""
+    step, window = 5.0, 60.0
+    end = time.time() - 3600
+    end -= end % step
+    files = {"hung": "dp_one_engine_hung", "healthy": "dp_healthy"}
+    recordings = {
+        f"{server}:8000": list(
+            record(
+                get_scenario(str(FIXTURES / "scenarios" / f"{name}.yaml")),
+                start_at=end - 400,  # engine 1 hangs from the scenario's 240th second
+                interval_s=step,
+                duration_s=400,
+            )
+        )
+        for server, name in files.items()
+    }
+    source, settings = fleet_over_backfill(tmp_path, recordings, step, window, [end])
+    for instance, want, got in side_by_side(source, settings, recordings, window):
+        assert set(got.engine_waiting_mean) == {"0", "1"}, instance
+        for name in ("engine_waiting_mean", "engine_kv_usage_mean"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert a == pytest.approx(b, rel=1e-6), (instance, name)
+    hung = source.targets["vllm/hung:8000"]
+    assert [a.cause for a in hung.evaluator.incidents.active()] == ["stalled"]
+    assert hung.state.view is not None
+    evidence = hung.state.view.evaluation.diagnoses[MODEL].evidence
+    assert list(evidence["stalled_engines"]) == ["1"], evidence
+    assert evidence["engines_stalled"] == "1 of 2 engines", evidence
+    assert source.targets["vllm/healthy:8000"].evaluator.incidents.active() == []
