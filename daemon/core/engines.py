@@ -53,6 +53,12 @@ class Imbalance:
         )
 
 
+def balance_means(means: Mapping[str, float]) -> dict[str, float]:
+    """Engines' window means as evidence, in label order: two engines or more, else none
+    (one engine's mean is the merged value). The sidecar and fleet mode both use it."""
+    return dict(sorted(means.items())) if len(means) >= 2 else {}
+
+
 def _highest(means: Mapping[str, float]) -> tuple[str, float, float] | None:
     if len(means) < 2:
         return None

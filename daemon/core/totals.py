@@ -20,6 +20,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from vllm_triage.core.engines import balance_means
 from vllm_triage.core.histogram import counter_delta, histogram_add, histogram_delta
 from vllm_triage.core.model import (
     GaugeStats,
@@ -497,6 +498,4 @@ def _engine_means(series: list[ModelSeries], gauge: str) -> dict[str, float]:
             value = values.get(gauge)
             if value is not None:
                 sums.setdefault(engine, []).append(value)
-    if len(sums) < 2:
-        return {}
-    return {engine: sum(v) / len(v) for engine, v in sorted(sums.items())}
+    return balance_means({engine: sum(v) / len(v) for engine, v in sums.items()})

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_triage.core.engines import balance_means
 from vllm_triage.core.kvpool import CacheConfig, parse_cache_config
 from vllm_triage.core.model import GaugeStats, Histogram, Progress, WindowTotals
 from vllm_triage.core.names import HISTOGRAM_FIELDS, MAX_ENGINES, label_value
@@ -269,8 +270,7 @@ def totals(
 def _engine_means(m: _Model, key: str) -> dict[str, float]:
     """Each engine's window mean (``key``), when two engines or more have one, as the
     sidecar's window gives them (one engine's is the merged value)."""
-    means = {e: v[key] for e, v in m.by_engine.items() if key in v}
-    return dict(sorted(means.items())) if len(means) >= 2 else {}
+    return balance_means({e: v[key] for e, v in m.by_engine.items() if key in v})
 
 
 def _progress(m: _Model, at: float, stall_seconds: float) -> Progress | None:

@@ -27,6 +27,7 @@ from vllm_triage.assemble import build_fleet, build_rulebook
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import Settings
 from vllm_triage.core.diagnose import diagnose
+from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.model import Signals
 from vllm_triage.core.names import SAMPLES
 from vllm_triage.core.parse import parse_snapshot
@@ -345,11 +346,10 @@ def fleet_over_backfill(
     recordings: dict[str, list[tuple[float, str]]],
     step: float,
     window: float,
-    ticks: list[float],
+    at: float,
 ) -> tuple[PrometheusSource, Settings]:
     """The recordings backfilled into a real Prometheus (promtool's blocks) and fleet mode
-    ticking over them at each of ``ticks``: the source after the last tick, and its
-    settings."""
+    judging them in one tick at ``at``: the source, and its settings."""
     (tmp_path / "series.om").write_text(openmetrics(recordings), encoding="utf-8")
     data = tmp_path / "prom-data"
     subprocess.run(
@@ -383,14 +383,11 @@ def fleet_over_backfill(
             "prometheus": {"url": url, "selector": '{job="vllm"}'},
         }
     )
-    now = [ticks[0]]
 
     async def judged() -> PrometheusSource:
         async with httpx.AsyncClient() as client:
-            source = build_fleet(settings, client=client, notifier=None, clock=lambda: now[0])
-            for at in ticks:
-                now[0] = at
-                await source.tick()
+            source = build_fleet(settings, client=client, notifier=None, clock=lambda: at)
+            await source.tick()
             return source
 
     with process(args, tmp_path / "prometheus.log"):
@@ -405,16 +402,16 @@ def side_by_side(
     settings: Settings,
     recordings: dict[str, list[tuple[float, str]]],
     window: float,
-) -> Iterator[tuple[str, Signals, Signals]]:
+) -> Iterator[tuple[str, Signals, Evaluation]]:
     """Each recorded server: its signals from the sidecar's own window over the recording
-    and fleet mode's from Prometheus, (instance, sidecar's, fleet's)."""
+    and fleet mode's evaluation from Prometheus, (instance, sidecar's, fleet's)."""
     for instance, scrapes in recordings.items():
         w = Window(window, min_observations=settings.thresholds.min_observations)
         for at, body in scrapes:
             w.push(parse_snapshot(body, at))
         view = source.targets[f"vllm/{instance}"].state.view
         assert view is not None
-        yield instance, w.signals(MODEL), view.evaluation.signals[MODEL]
+        yield instance, w.signals(MODEL), view.evaluation
 
 
 def test_fleet_signals_equal_the_sidecars_on_a_recording(tmp_path: Path) -> None:
@@ -430,10 +427,11 @@ def test_fleet_signals_equal_the_sidecars_on_a_recording(tmp_path: Path) -> None
         )
         for scenario in ("kv_pressure", "decode_bound", "prefill_bound")
     }
-    source, settings = fleet_over_backfill(tmp_path, recordings, step, window, [end])
+    source, settings = fleet_over_backfill(tmp_path, recordings, step, window, end)
     rules = build_rulebook(settings)
     compared: set[str] = set()
-    for instance, want, got in side_by_side(source, settings, recordings, window):
+    for instance, want, fleet in side_by_side(source, settings, recordings, window):
+        got = fleet.signals[MODEL]
         compared.update(f for f in COMPARED if getattr(want, f) is not None)
         for name in ("ttft_p50", "ttft_p90", "ttft_p99", "itl_p50", "itl_p99"):
             a, b = getattr(got, name), getattr(want, name)
@@ -473,11 +471,7 @@ def test_fleet_signals_equal_the_sidecars_on_a_recording(tmp_path: Path) -> None
                 instance,
                 name,
             )
-        view = source.targets[f"vllm/{instance}"].state.view
-        assert (
-            view is not None
-            and view.evaluation.diagnoses[MODEL].cause == diagnose(want, rules).cause
-        )
+        assert fleet.diagnoses[MODEL].cause == diagnose(want, rules).cause
     # Not vacuous: every signal had a value on at least one of the servers.
     assert compared == set(COMPARED)
 
@@ -517,8 +511,9 @@ def test_fleet_judges_each_data_parallel_engine(tmp_path: Path) -> None:
         )
         for server, name in files.items()
     }
-    source, settings = fleet_over_backfill(tmp_path, recordings, step, window, [end])
-    for instance, want, got in side_by_side(source, settings, recordings, window):
+    source, settings = fleet_over_backfill(tmp_path, recordings, step, window, end)
+    for instance, want, fleet in side_by_side(source, settings, recordings, window):
+        got = fleet.signals[MODEL]
         assert set(got.engine_waiting_mean) == {"0", "1"}, instance
         for name in ("engine_waiting_mean", "engine_kv_usage_mean"):
             a, b = getattr(got, name), getattr(want, name)
