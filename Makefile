@@ -28,7 +28,6 @@ test: venv
 lint: venv
 	$(BIN)/ruff check daemon tests bench
 	$(BIN)/ruff format --check daemon tests bench
-	@mkdir -p build/typecheck && ln -sfn ../../daemon build/typecheck/vllm_triage
 	$(BIN)/mypy
 
 bench: venv

@@ -2,7 +2,7 @@
 
 Everything else about the build is in pyproject.toml. Built outside a git checkout (a
 source archive), no file is written and ``--version`` says "commit unknown"
-(daemon/buildinfo.py).
+(daemon/vllm_triage/buildinfo.py).
 """
 
 from __future__ import annotations

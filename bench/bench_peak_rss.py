@@ -1,7 +1,8 @@
 """Benchmark: the daemon's peak resident memory under the largest scrape its bounds allow,
 for the sidecar's memory limit (deploy/kubernetes/sidecar-patch.yaml, docs/deploy.md).
 
-What can grow, and what bounds it (defaults, rules/defaults.yaml and daemon/config/schema.py):
+What can grow, and what bounds it (defaults, rules/defaults.yaml and
+daemon/vllm_triage/config/schema.py):
 
 - one scrape body: ``max_body_bytes`` (16 MiB), held while it is parsed;
 - the window per target: ``window_seconds / interval_seconds`` snapshots (60 / 5 = 12) of

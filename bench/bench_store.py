@@ -1,4 +1,4 @@
-"""Benchmark: what durable alert state costs per write (daemon/store.py).
+"""Benchmark: what durable alert state costs per write (daemon/vllm_triage/store.py).
 
 Every incident transition and every delivery outcome is written through to the SQLite
 file on the event loop's thread, so a write must cost little next to an evaluation

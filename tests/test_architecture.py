@@ -1,4 +1,4 @@
-"""The house's rules. The core (``daemon/core/``) is pure: it imports only itself,
+"""The house's rules. The core (``daemon/vllm_triage/core/``) is pure: it imports only itself,
 ``vllm_triage.errors`` and a short list of standard-library modules that touch no clock,
 network, file or process state. Each room of the package imports only the rooms below it
 (``WINGS``), and only the assembly reads the root settings.
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from support.paths import ROOT
+from support.paths import PACKAGE
 
-CORE = ROOT / "daemon" / "core"
+CORE = PACKAGE / "core"
 
 #: Standard-library modules the core may use: data shapes and arithmetic only.
 ALLOWED_STDLIB = frozenset(
@@ -137,7 +137,7 @@ def test_the_clock_check_finds_a_clock_read(tmp_path: Path) -> None:
 
 
 #: What each wing may import from the package, besides itself (docs/architecture.md draws
-#: it). A wing is a folder of ``daemon/``; each module directly in ``daemon/`` is its own
+#: it). A wing is a folder of the package; each module directly in the package is its own
 #: room, named by its stem. ``version`` is ``from vllm_triage import __version__``.
 LEAVES = {"errors", "rules", "version"}
 WINGS: dict[str, set[str]] = {
@@ -207,7 +207,8 @@ WINGS: dict[str, set[str]] = {
 WINGS["whatif"] = {"core", "ceiling", "config", "simulator", "recording"} | LEAVES
 WINGS["commands"] = WINGS["demo"] | {"demo", "render", "whatif"}
 WINGS["cli"] = {"commands", "buildinfo", "logs"} | LEAVES
-PACKAGE = CORE.parent
+#: rules/, linked into the package as bundled_rules: data, not a room.
+BUNDLED = PACKAGE / "bundled_rules"
 #: Where the root ``Settings`` (or the loader that makes them) may be read: the loader
 #: itself, the assembly, and the entry points that load the settings and hand them over.
 READS_ROOT_SETTINGS = {"config", "assemble", "commands", "demo"}
@@ -229,7 +230,9 @@ def room_of_path(path: Path) -> str:
 
 def _all_modules() -> list[Path]:
     return sorted(
-        p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE
+        p
+        for p in PACKAGE.rglob("*.py")
+        if (p.name != "__init__.py" or p.parent != PACKAGE) and not p.is_relative_to(BUNDLED)
     )
 
 

@@ -1,5 +1,5 @@
-"""A model the card cannot hold gets no decode rate (daemon/ceiling/hardware.py,
-daemon/commands/ceiling.py): 70 B parameters in fp8 are 70 GB of weights, an L40S has
+"""A model the card cannot hold gets no decode rate (daemon/vllm_triage/ceiling/hardware.py,
+daemon/vllm_triage/commands/ceiling.py): 70 B parameters in fp8 are 70 GB of weights, an L40S has
 48 GB, of which vLLM lets itself use 90 %; the command says it does not fit and the least
 tensor-parallel size that holds the weights, instead of printing 12 tok/s."""
 

@@ -1,5 +1,5 @@
-"""`vllm-triage check` (daemon/commands/check.py): the verdict of one window of a live server,
-its exit codes and its words, against simulated servers on 127.0.0.1."""
+"""`vllm-triage check` (daemon/vllm_triage/commands/check.py): the verdict of one window of a live
+server, its exit codes and its words, against simulated servers on 127.0.0.1."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``vllm-triage check-config`` (daemon/commands/check_config.py): the merged settings and the
-resolved ceiling, secrets masked."""
+"""``vllm-triage check-config`` (daemon/vllm_triage/commands/check_config.py): the merged settings
+and the resolved ceiling, secrets masked."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Tests for daemon/cli.py: the installed command, run as a user would, from elsewhere: help,
-global flags, pipes, the version. Each subcommand has its own test_<command>_cmd.py."""
+"""Tests for daemon/vllm_triage/cli.py: the installed command, run as a user would, from elsewhere:
+help, global flags, pipes, the version. Each subcommand has its own test_<command>_cmd.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from support.clirun import COMMAND, vllm_triage
-from support.paths import ROOT
+from support.paths import PACKAGE, ROOT
 
 
 class TestHelp:
@@ -160,18 +160,38 @@ class TestVersion:
         assert {n.split("/")[0] for n in names if not n.startswith("vllm_triage-")} == {
             "vllm_triage"
         }
-        # Every folder of the source tree ships (a wing missing from pyproject.toml's
-        # package list works in an editable install and breaks the installed command).
-        source = repo / "daemon"
-        wings = {
-            "vllm_triage/" + p.parent.relative_to(source).as_posix() + "/__init__.py"
-            for p in source.rglob("__init__.py")
-            if p.parent != source
-        }
-        assert wings <= set(names), sorted(wings - set(names))
-        # The data files each wing reads when installed: `render`'s templates among them.
+        # The wheel holds the package as the source root has it: every module (rules/,
+        # linked in as bundled_rules, included), the data files each wing reads when
+        # installed, and nothing else: no tests, no top-level `daemon`.
+        assert set(names) - {"vllm_triage/_commit.txt"} - _dist_info(names) == _expected_files()
         for template in ("vllm-triage.rules.yaml.tmpl", "vllm-triage.json.tmpl"):
             assert f"vllm_triage/render/assets/{template}" in names, template
+
+
+def _dist_info(names: list[str]) -> set[str]:
+    return {n for n in names if n.split("/")[0].endswith(".dist-info")}
+
+
+#: The data files shipped beside the modules (pyproject.toml's package-data).
+_DATA = (
+    "py.typed",
+    "bundled_rules/*.yaml",
+    "bundled_rules/*.md",
+    "bundled_rules/scenarios/*.yaml",
+    "page/assets/*.html",
+    "page/assets/*.js",
+    "page/assets/*.css",
+    "page/assets/vendor/*",
+    "render/assets/*.tmpl",
+)
+
+
+def _expected_files() -> set[str]:
+    """What the wheel must hold, read from the source root (the link to rules/ followed)."""
+    files = {p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+    for pattern in _DATA:
+        files |= {p for p in PACKAGE.glob(pattern) if p.is_file()}
+    return {"vllm_triage/" + p.relative_to(PACKAGE).as_posix() for p in files}
 
 
 class TestMisspeltVariables:

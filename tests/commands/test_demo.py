@@ -1,5 +1,5 @@
-"""Tests for daemon/demo/: the self-check (expectations.py), the offline and live results,
-and the live view (view.py) while an incident clears."""
+"""Tests for daemon/vllm_triage/demo/: the self-check (expectations.py), the offline and live
+results, and the live view (view.py) while an incident clears."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``vllm-triage demo`` as a user runs it (daemon/commands/demo.py): the installed command in a
-subprocess, offline and live, from a temporary directory."""
+"""``vllm-triage demo`` as a user runs it (daemon/vllm_triage/commands/demo.py): the installed
+command in a subprocess, offline and live, from a temporary directory."""
 
 from __future__ import annotations
 

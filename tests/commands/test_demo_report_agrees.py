@@ -1,5 +1,5 @@
 """The live demo's post-mortem report tells what its alerts told, to the number: the
-daemon records the scrapes its own loop takes (``run --record``, daemon/scrape/keep.py),
+daemon records the scrapes its own loop takes (``run --record``, daemon/vllm_triage/scrape/keep.py),
 and the report is made from that folder, so each incident's cause, start time and
 confidence in the report are those of the alert the receiver got. (Recorded by a second
 scraper beside the daemon, the report saw other scrapes at other times, and told

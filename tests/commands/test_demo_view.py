@@ -1,4 +1,4 @@
-"""Tests for daemon/demo/view.py: the live demo's terminal screen."""
+"""Tests for daemon/vllm_triage/demo/view.py: the live demo's terminal screen."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``vllm-triage record`` as a user runs it (daemon/commands/record.py): the installed command
-against a server on 127.0.0.1."""
+"""``vllm-triage record`` as a user runs it (daemon/vllm_triage/commands/record.py): the installed
+command against a server on 127.0.0.1."""
 
 from __future__ import annotations
 

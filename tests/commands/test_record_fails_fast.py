@@ -1,6 +1,6 @@
 """``record`` against a URL where nothing answers says so at once (as ``check`` does),
 instead of waiting out its whole --duration; a target that dies once the recording has
-begun is still recorded as failures (daemon/recording/record.py)."""
+begun is still recorded as failures (daemon/vllm_triage/recording/record.py)."""
 
 from __future__ import annotations
 

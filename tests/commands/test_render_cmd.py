@@ -1,5 +1,5 @@
-"""``vllm-triage render rules|dashboard`` (daemon/commands/render.py), run as a user runs it:
-the defaults give the bundled files byte for byte, a settings file gives its own numbers,
+"""``vllm-triage render rules|dashboard`` (daemon/vllm_triage/commands/render.py), run as a user
+runs it: the defaults give the bundled files byte for byte, a settings file gives its own numbers,
 and bad settings or an unwritable output are one clear line and exit 2."""
 
 from __future__ import annotations

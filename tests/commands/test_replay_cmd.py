@@ -1,5 +1,5 @@
-"""`vllm-triage replay` as a user runs it (daemon/commands/replay.py): recordings made by the
-simulator (support/scenarios.py) in, transitions out, as text or JSON lines."""
+"""`vllm-triage replay` as a user runs it (daemon/vllm_triage/commands/replay.py): recordings made
+by the simulator (support/scenarios.py) in, transitions out, as text or JSON lines."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Tests for ``vllm-triage report`` (daemon/commands/report.py,
-daemon/recording/reportfile.py and daemon/recording/report.py): every
+"""Tests for ``vllm-triage report`` (daemon/vllm_triage/commands/report.py,
+daemon/vllm_triage/recording/reportfile.py and daemon/vllm_triage/recording/report.py): every
 committed recording becomes one HTML file whose inline document tells the incidents exactly
 as ``replay`` finds them. The file is opened in a real browser by tests/system/test_browser.py."""
 

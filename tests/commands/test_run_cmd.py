@@ -1,5 +1,5 @@
-"""`vllm-triage run` as a user runs it (daemon/commands/run.py): the installed command in a
-subprocess, a simulated server, a webhook receiver, all on 127.0.0.1."""
+"""`vllm-triage run` as a user runs it (daemon/vllm_triage/commands/run.py): the installed command
+in a subprocess, a simulated server, a webhook receiver, all on 127.0.0.1."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """``vllm-triage run --record DIR`` as a user runs it: the installed daemon keeps each scrape
 it takes in DIR/<target>/, in the format ``record`` writes, and ``report`` makes the
-post-mortem of that folder (daemon/commands/run.py, daemon/scrape/keep.py)."""
+post-mortem of that folder (daemon/vllm_triage/commands/run.py, daemon/vllm_triage/scrape/keep.py).
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`vllm-triage simulate` (tests for daemon/commands/simulate.py and daemon/simulator/serve.py).
+"""`vllm-triage simulate` (tests for daemon/vllm_triage/commands/simulate.py and
+daemon/vllm_triage/simulator/serve.py).
 
 Run as a user would: the installed command in a subprocess, from a temporary directory,
 with the default rules. The point of the recordings is that the daemon diagnoses each

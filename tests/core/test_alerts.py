@@ -1,4 +1,5 @@
-"""Tests for daemon/core/alerts.py: our payloads have the shape of a real Alertmanager 0.25's.
+"""Tests for daemon/vllm_triage/core/alerts.py: our payloads have the shape of a real Alertmanager
+0.25's.
 
 The two payloads in tests/fixtures/alertmanager/ were captured from a real Alertmanager.
 ``AlertmanagerV4`` below is a strict description of that shape (keys, key order, value

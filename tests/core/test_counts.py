@@ -1,4 +1,4 @@
-"""Counts said as people say them, everywhere one is printed (daemon/core/counts.py):
+"""Counts said as people say them, everywhere one is printed (daemon/vllm_triage/core/counts.py):
 "1 incident", never "1 incidents"."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from vllm_triage.core.counts import counted
 
-from support.paths import ROOT
+from support.paths import PACKAGE, ROOT
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_no_message_prints_a_count_with_a_fixed_plural() -> None:
     """Every count of these nouns goes through ``counted`` (a count that is always more
     than one, ``{n} of {m}``'s ``m``, too: one rule is easier to keep than exceptions)."""
     found = []
-    for path in sorted((ROOT / "daemon").rglob("*.py")):
+    for path in sorted(PACKAGE.rglob("*.py")):
         for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
             if FIXED_PLURAL.search(line) and ('f"' in line or "f'" in line):
                 found.append(f"{path.relative_to(ROOT)}:{no}: {line.strip()}")
@@ -52,6 +52,6 @@ def test_no_message_prints_a_count_with_a_fixed_plural() -> None:
 
 
 def test_the_page_counts_its_evaluations_and_points() -> None:
-    page = Path(ROOT / "daemon" / "page" / "assets" / "page.js").read_text(encoding="utf-8")
+    page = Path(PACKAGE / "page" / "assets" / "page.js").read_text(encoding="utf-8")
     assert '+ " evaluations"' not in page and '" points' not in page
     assert 'counted(s.evaluations, "evaluation")' in page

@@ -1,4 +1,4 @@
-"""Tests for daemon/core/decode.py: the decode split (at the hardware limit, the serving
+"""Tests for daemon/vllm_triage/core/decode.py: the decode split (at the hardware limit, the serving
 stack, or impossible settings) from the ceiling, the step roofline and DCGM, and the
 fixes in the order it gives."""
 

@@ -1,4 +1,4 @@
-"""Tests for daemon/core/dedup.py: the "send again?" decision, one line per case."""
+"""Tests for daemon/vllm_triage/core/dedup.py: the "send again?" decision, one line per case."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests for daemon/core/diagnose.py: the four causes, in causal order, with their evidence.
+"""Tests for daemon/vllm_triage/core/diagnose.py: the four causes, in causal order, with their
+evidence.
 
 The signals and rulebook are built by hand (``support/diagnosis.py``, shared with the tests
 of the diagnosis's parts: test_facts.py, test_decode.py, test_stall.py)."""

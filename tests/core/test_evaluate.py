@@ -1,4 +1,5 @@
-"""Tests for daemon/core/evaluate.py and daemon/assemble.py: the core's entry point, per target."""
+"""Tests for daemon/vllm_triage/core/evaluate.py and daemon/vllm_triage/assemble.py: the core's
+entry point, per target."""
 
 from __future__ import annotations
 

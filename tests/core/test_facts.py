@@ -1,4 +1,4 @@
-"""Tests for daemon/core/facts.py: the derived numbers (KV headroom in requests, the
+"""Tests for daemon/vllm_triage/core/facts.py: the derived numbers (KV headroom in requests, the
 queue's share of TTFT), the evidence that carries them, and the measurements charted
 from it for every evaluation."""
 

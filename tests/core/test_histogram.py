@@ -1,4 +1,5 @@
-"""Tests for daemon/core/histogram.py: Prometheus histogram_quantile semantics and deltas."""
+"""Tests for daemon/vllm_triage/core/histogram.py: Prometheus histogram_quantile semantics and
+deltas."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for daemon/core/incidents.py: the state table, walked case by case."""
+"""Tests for daemon/vllm_triage/core/incidents.py: the state table, walked case by case."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests for daemon/core/parse.py: exposition text -> Snapshot, for every vLLM naming era."""
+"""Tests for daemon/vllm_triage/core/parse.py: exposition text -> Snapshot, for every vLLM naming
+era."""
 
 from __future__ import annotations
 

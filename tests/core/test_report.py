@@ -1,4 +1,4 @@
-"""Tests for daemon/core/report.py: transitions as text lines and JSON objects."""
+"""Tests for daemon/vllm_triage/core/report.py: transitions as text lines and JSON objects."""
 
 from __future__ import annotations
 

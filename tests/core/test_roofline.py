@@ -1,4 +1,4 @@
-"""Tests for daemon/core/roofline.py: the decode step's floor, term by term, by hand.
+"""Tests for daemon/vllm_triage/core/roofline.py: the decode step's floor, term by term, by hand.
 
 Each case builds the window's signals and the card's and model's facts, and checks the
 floor against the arithmetic of ``docs/physics.md`` ("The decode roofline") done here in

@@ -3,7 +3,7 @@
 The simulator's step is overhead + max(FLOPs / compute, bytes / bandwidth) (plus draft
 forwards), with bytes and FLOPs from what it actually scheduled: every context token of
 every sequence, the experts its tokens were routed to at random, the drafts it accepted
-at random (``daemon/simulator/engine.py``). It keeps its own truth: the floor over the
+at random (``daemon/vllm_triage/simulator/engine.py``). It keeps its own truth: the floor over the
 step, weighted by decoding requests as vLLM's ITL histogram weighs steps. The daemon
 sees only /metrics and the hardware and model settings, and must come within 15 % of that
 truth in every regime, and name the limit where the truth is clear.

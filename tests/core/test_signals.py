@@ -1,5 +1,5 @@
-"""Tests for daemon/core/signals.py: a window's totals read as rates, percentiles and means
-(through ``Window.signals``, and straight from ``WindowTotals`` as fleet mode does)."""
+"""Tests for daemon/vllm_triage/core/signals.py: a window's totals read as rates, percentiles and
+means (through ``Window.signals``, and straight from ``WindowTotals`` as fleet mode does)."""
 
 from __future__ import annotations
 

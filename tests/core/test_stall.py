@@ -1,5 +1,5 @@
-"""Tests for daemon/core/stall.py: no progress with work outstanding is ``stalled``, judged
-before anything else; a shorter pause, and the window after a stall, judge nothing."""
+"""Tests for daemon/vllm_triage/core/stall.py: no progress with work outstanding is ``stalled``,
+judged before anything else; a shorter pause, and the window after a stall, judge nothing."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A stall that has just ended, seen only in its last seconds, is ``stalled`` (recovered),
-not ``queue_bound`` with nothing waiting (daemon/core/stall.py).
+not ``queue_bound`` with nothing waiting (daemon/vllm_triage/core/stall.py).
 
 ``check`` started as a 10-minute hang ended used to say "queue_bound ... 0.0 waiting" with
 a TTFT p99 of 609 s: the requests that finished in its window had waited through the

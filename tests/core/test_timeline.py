@@ -1,5 +1,5 @@
-"""Tests for daemon/core/timeline.py: the points, incidents and thinning the report and the
-status page draw."""
+"""Tests for daemon/vllm_triage/core/timeline.py: the points, incidents and thinning the report and
+the status page draw."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for daemon/core/totals.py: the window of snapshots, what it accumulates (gauge
+"""Tests for daemon/vllm_triage/core/totals.py: the window of snapshots, what it accumulates (gauge
 statistics, counter and bucket deltas) and the engine's progress beside it."""
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Tests for deploy/grafana/: the dashboard JSON and its provisioning files.
 
-No Grafana runs here, so the dashboard is held to what can be checked offline: its
-structure (ids, titles, layout, datasource), that every query is valid PromQL (promtool
-parses each one as a recording rule; marked ``prometheus``, as it needs Debian's
-promtool), and that every metric a query reads is one vllm-triage exports (rendered from
-a real evaluation), one vLLM exports (daemon/core/names.py) or one of our recording rules.
-"""
+No Grafana runs here, so the dashboard is held to what can be checked offline: its structure (ids,
+titles, layout, datasource), that every query is valid PromQL (promtool parses each one as a
+recording rule; marked ``prometheus``, as it needs Debian's promtool), and that every metric a query
+reads is one vllm-triage exports (rendered from a real evaluation), one vLLM exports
+(daemon/vllm_triage/core/names.py) or one of our recording rules."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """One SLO, rendered everywhere: the daemon judges by ``slo.*`` and ``thresholds.*``; the
 PromQL rules and the Grafana dashboard are rendered from the same settings
-(daemon/render/), the bundled files are what the defaults render, the daemon exports its
+(daemon/vllm_triage/render/), the bundled files are what the defaults render, the daemon exports its
 SLOs for the dashboard to draw, and the simulated compose stack shows the SLO it judges by.
 """
 
@@ -27,7 +27,7 @@ from vllm_triage.render.templates import Objectives, dashboard, number, promethe
 from vllm_triage.serve.exporter import build_registry
 
 from support.harness import refused_port, running_daemon
-from support.paths import ROOT
+from support.paths import PACKAGE, ROOT
 
 RULES = ROOT / "rules" / "prometheus" / "vllm-triage.rules.yaml"
 PROMETHEUSRULE = ROOT / "deploy" / "kubernetes" / "prometheusrule.yaml"
@@ -35,7 +35,7 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "vllm-triage.json"
 COMPOSE = ROOT / "deploy" / "compose"
 SIMULATED = COMPOSE / "triage.simulated.yaml"
 SIMULATED_RULES = COMPOSE / "rules.simulated" / "vllm-triage.rules.yaml"
-ASSETS = ROOT / "daemon" / "render" / "assets"
+ASSETS = PACKAGE / "render" / "assets"
 
 #: Every number the rendered files take from the settings, none of them a default.
 CUSTOM = Objectives(

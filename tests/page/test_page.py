@@ -1,5 +1,5 @@
-"""Tests for daemon/page/: the template, its vendored charting library, and what it draws
-(rules/report.yaml). The page itself runs in a browser in tests/system/test_browser.py."""
+"""Tests for daemon/vllm_triage/page/: the template, its vendored charting library, and what it
+draws (rules/report.yaml). The page itself runs in a browser in tests/system/test_browser.py."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from vllm_triage.page.render import (
 )
 from vllm_triage.page.spec import PageSpec, load_spec
 
-from support.paths import ROOT
+from support.paths import PACKAGE
 
-ASSETS = ROOT / "daemon" / "page" / "assets"
+ASSETS = PACKAGE / "page" / "assets"
 DATA = re.compile(r'<script id="vt-data" type="application/json">(.*?)</script>', re.S)
 
 

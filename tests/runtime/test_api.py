@@ -1,4 +1,4 @@
-"""Tests for daemon/serve/api.py: the /api/v1/diagnoses document, without HTTP."""
+"""Tests for daemon/vllm_triage/serve/api.py: the /api/v1/diagnoses document, without HTTP."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for daemon/notify/delivery.py against a real HTTP receiver on 127.0.0.1.
+"""Tests for daemon/vllm_triage/notify/delivery.py against a real HTTP receiver on 127.0.0.1.
 
 ``Receiver`` (support/receiver.py) records every request (path, headers, body, when) and
 answers from a plan: a status (with headers), or a hang. It can be made before it serves,

@@ -1,4 +1,5 @@
-"""Tests for daemon/serve/exporter.py: the derived /metrics, rendered from real evaluations.
+"""Tests for daemon/vllm_triage/serve/exporter.py: the derived /metrics, rendered from real
+evaluations.
 
 Each target's state is built the way the scrape loop builds it, from a bundled
 simulator scenario run through the same parser, window, classifier and incident tracker

@@ -1,4 +1,4 @@
-"""Fleet mode (daemon/fleet/: source.py, queries.py, signals.py, hardware.py)
+"""Fleet mode (daemon/vllm_triage/fleet/: source.py, queries.py, signals.py, hardware.py)
 against a query API on 127.0.0.1 that answers each tagged row of the fleet's instant
 queries from simulator recordings, windowed as the sidecar's own window does. So the
 plumbing (rows -> totals -> signals -> diagnosis, discovery, shards, hardware) is held

@@ -1,4 +1,5 @@
-"""Tests for daemon/serve/listener.py: the daemon's endpoint, on a real socket on 127.0.0.1.
+"""Tests for daemon/vllm_triage/serve/listener.py: the daemon's endpoint, on a real socket on
+127.0.0.1.
 
 The targets' states come from simulated scenarios run through the real core (see
 ``test_exporter.watched``); httpx talks to the server the way Prometheus and people do.

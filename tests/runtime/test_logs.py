@@ -1,4 +1,4 @@
-"""Tests for daemon/logs.py: how an incident reads in the console log and as JSON."""
+"""Tests for daemon/vllm_triage/logs.py: how an incident reads in the console log and as JSON."""
 
 from __future__ import annotations
 

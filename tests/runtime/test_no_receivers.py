@@ -1,5 +1,5 @@
-"""``run`` with no receiver says so at start (daemon/service.py): incidents are then shown
-on the status page, /metrics and the API, and sent nowhere; with one, nothing is said."""
+"""``run`` with no receiver says so at start (daemon/vllm_triage/service.py): incidents are then
+shown on the status page, /metrics and the API, and sent nowhere; with one, nothing is said."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests for daemon/notify/notifier.py: which notifications each receiver gets, and when.
+"""Tests for daemon/vllm_triage/notify/notifier.py: which notifications each receiver gets, and
+when.
 
 No worker runs and nothing is sent: each receiver's ``Delivery`` queue is read as it
 stands after ``notify`` and ``tick``. Time is the ``now`` the test passes.

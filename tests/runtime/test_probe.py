@@ -1,5 +1,5 @@
-"""Tests for daemon/scrape/probe.py: the one-token probe, against a fake OpenAI API on 127.0.0.1;
-and, through the daemon, the hang that metrics cannot show."""
+"""Tests for daemon/vllm_triage/scrape/probe.py: the one-token probe, against a fake OpenAI API on
+127.0.0.1; and, through the daemon, the hang that metrics cannot show."""
 
 from __future__ import annotations
 

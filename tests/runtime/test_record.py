@@ -1,4 +1,5 @@
-"""Tests for daemon/recording/record.py: one raw file per scrape, failures logged, never fatal."""
+"""Tests for daemon/vllm_triage/recording/record.py: one raw file per scrape, failures logged, never
+fatal."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Tests for daemon/recording/replay.py: recordings in, transitions out (the command,
+"""Tests for daemon/vllm_triage/recording/replay.py: recordings in, transitions out (the command,
 `vllm-triage replay`, is tests/commands/test_replay_cmd.py).
 
-The recordings are made by the simulator (daemon/simulator), which steps a physically
+The recordings are made by the simulator (daemon/vllm_triage/simulator), which steps a physically
 modelled vLLM server in virtual time and renders /metrics exactly as vLLM 0.19 (or, with
 ``naming="v0"``, vLLM 0.5) does; they are written in the ``record`` format.
 """

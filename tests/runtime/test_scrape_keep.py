@@ -1,4 +1,4 @@
-"""The daemon's own recording (``record.dir``, ``run --record``; daemon/scrape/keep.py):
+"""The daemon's own recording (``record.dir``, ``run --record``; daemon/vllm_triage/scrape/keep.py):
 each body its scrape loop fetched, byte for byte, at the time it judged it; bounded as
 every recording is; and nothing the disk does stops the scrape loop."""
 

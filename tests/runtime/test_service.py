@@ -1,5 +1,6 @@
-"""The daemon's scheduling and failure handling (daemon/service.py, daemon/scrape/loop.py,
-daemon/target.py), against misbehaving targets on 127.0.0.1."""
+"""The daemon's scheduling and failure handling (daemon/vllm_triage/service.py,
+daemon/vllm_triage/scrape/loop.py, daemon/vllm_triage/target.py), against misbehaving targets on
+127.0.0.1."""
 
 from __future__ import annotations
 

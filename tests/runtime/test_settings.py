@@ -1,4 +1,5 @@
-"""Tests for daemon/config/schema.py: defaults from rules/, the user's file, the environment."""
+"""Tests for daemon/vllm_triage/config/schema.py: defaults from rules/, the user's file, the
+environment."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for the daemon's settings (daemon/config/schema.py): listen, interval, targets,
+"""Tests for the daemon's settings (daemon/vllm_triage/config/schema.py): listen, interval, targets,
 receivers and alerting; flags over the environment over the file; secrets kept secret."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests for daemon/serve/history.py: the status page's bounded memory of the last hour."""
+"""Tests for daemon/vllm_triage/serve/history.py: the status page's bounded memory of the last hour."""
 
 from __future__ import annotations
 

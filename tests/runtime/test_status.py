@@ -1,7 +1,7 @@
-"""Tests for the status page's data: daemon/serve/status.py, fed by real targets
-(daemon/target.py records each evaluation in the History of daemon/state.py), and served
-as ``/api/v1/series`` by daemon/serve/listener.py. The page itself runs in
-tests/system/test_browser.py."""
+"""Tests for the status page's data: daemon/vllm_triage/serve/status.py, fed by real targets
+(daemon/vllm_triage/target.py records each evaluation in the History of
+daemon/vllm_triage/state.py), and served as ``/api/v1/series`` by
+daemon/vllm_triage/serve/listener.py. The page itself runs in tests/system/test_browser.py."""
 
 from __future__ import annotations
 

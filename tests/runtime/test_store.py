@@ -1,5 +1,5 @@
-"""Tests for daemon/store.py: what is kept, what comes back, and that no damaged, foreign,
-unwritable or busy state file can stop the daemon (each is logged and started afresh).
+"""Tests for daemon/vllm_triage/store.py: what is kept, what comes back, and that no damaged,
+foreign, unwritable or busy state file can stop the daemon (each is logged and started afresh).
 
 The notifier and the delivery queue are driven here with a real store in a temporary
 folder; the kill -9 test of the whole daemon is tests/system/test_crash.py.

@@ -1,8 +1,8 @@
-"""A scheme that does not match the port says so (daemon/net/bounded.py): an https:// URL
-answered in plain HTTP tells the http:// URL to use instead of a bare
-``[SSL: WRONG_VERSION_NUMBER]`` (or, worse, "Operation not permitted": the TLS error's
-code read as a system errno); an http:// URL whose connection is closed unanswered asks
-whether the port serves TLS. The URLs said never hold the target's secrets."""
+"""A scheme that does not match the port says so (daemon/vllm_triage/net/bounded.py): an https://
+URL answered in plain HTTP tells the http:// URL to use instead of a bare ``[SSL:
+WRONG_VERSION_NUMBER]`` (or, worse, "Operation not permitted": the TLS error's code read as a system
+errno); an http:// URL whose connection is closed unanswered asks whether the port serves TLS. The
+URLs said never hold the target's secrets."""
 
 from __future__ import annotations
 

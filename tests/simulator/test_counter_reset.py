@@ -1,4 +1,4 @@
-"""A counter reset inside the live process (daemon/simulator/faults.py): every ``vllm:``
+"""A counter reset inside the live process (daemon/vllm_triage/simulator/faults.py): every ``vllm:``
 counter and histogram starts again from 0, ``_created`` moves to the reset, gauges and
 the load go on as before."""
 

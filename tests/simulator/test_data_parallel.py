@@ -1,6 +1,6 @@
-"""Data-parallel engines behind one API server (daemon/simulator/deployment.py, frontend.py):
-every engine series labelled with its rank, one KV pool and set of caps per engine, the
-least-loaded balancer, and one engine hung while the other serves."""
+"""Data-parallel engines behind one API server (daemon/vllm_triage/simulator/deployment.py,
+frontend.py): every engine series labelled with its rank, one KV pool and set of caps per engine,
+the least-loaded balancer, and one engine hung while the other serves."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The scenario-file keys of a deployed server (daemon/simulator/scenario_files.py):
+"""The scenario-file keys of a deployed server (daemon/vllm_triage/simulator/scenario_files.py):
 strict like the rest, errors naming the key, and the test scenarios that use them."""
 
 from __future__ import annotations

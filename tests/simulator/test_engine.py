@@ -1,6 +1,6 @@
 """The simulator's engine obeys the physics of docs/physics.md.
 
-Tests for daemon/simulator/engine.py.
+Tests for daemon/vllm_triage/simulator/engine.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The simulator writes what real vLLM writes (tests for daemon/simulator/exposition.py).
+"""The simulator writes what real vLLM writes (tests for
+daemon/vllm_triage/simulator/exposition.py).
 
 The references are the captured payloads in ``tests/fixtures/vllm/``, read with
 prometheus_client's own parser.

@@ -1,4 +1,4 @@
-"""The API server's render time (daemon/simulator/frontend.py): TTFT = render + queue +
+"""The API server's render time (daemon/vllm_triage/simulator/frontend.py): TTFT = render + queue +
 prefill, render time grows with prompt length and load and shrinks with more API-server
 processes, and ``vllm:request_render_duration_seconds`` carries no engine label."""
 

@@ -1,4 +1,4 @@
-"""Scenario files (tests for daemon/simulator/scenario_files.py and rules/scenarios/).
+"""Scenario files (tests for daemon/vllm_triage/simulator/scenario_files.py and rules/scenarios/).
 
 The bundled YAML replaced presets that were Python constants; the expected values below
 are those constants, written out, so that an edit to a YAML file that changes what a

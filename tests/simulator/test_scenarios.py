@@ -1,4 +1,5 @@
-"""Each preset shows the signature of its cause (tests for daemon/simulator/scenarios.py).
+"""Each preset shows the signature of its cause (tests for
+daemon/vllm_triage/simulator/scenarios.py).
 
 The statistics are computed here from the scraped text alone, as the daemon will:
 percentiles from bucket deltas with Prometheus ``histogram_quantile`` semantics, gauges as

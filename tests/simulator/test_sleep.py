@@ -1,4 +1,4 @@
-"""Sleeping engines (daemon/simulator/faults.py): ``vllm:engine_sleep_state`` with sleep
+"""Sleeping engines (daemon/vllm_triage/simulator/faults.py): ``vllm:engine_sleep_state`` with sleep
 mode only, no steps while asleep, requests sent to a sleeper wait, waking resumes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Mass aborts and stale gauges (vLLM #22545, #29928; daemon/simulator/faults.py): the
+"""Mass aborts and stale gauges (vLLM #22545, #29928; daemon/vllm_triage/simulator/faults.py): the
 running, waiting and KV gauges stop at their values while the engine serves on."""
 
 from __future__ import annotations

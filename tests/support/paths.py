@@ -6,6 +6,8 @@ from pathlib import Path
 
 #: The checkout's root (pyproject.toml, daemon/, rules/, deploy/, docs/).
 ROOT = Path(__file__).resolve().parents[2]
+#: The import package vllm_triage, in its source root daemon/.
+PACKAGE = ROOT / "daemon" / "vllm_triage"
 TESTS = ROOT / "tests"
 FIXTURES = TESTS / "fixtures"
 CONFIGS = FIXTURES / "configs"

@@ -4,7 +4,7 @@ windowing, one per signal, each answering for every server (its identity labels)
 
 - the latency histograms' bucket increases over the window (``ttft``, ``itl``,
   ``iteration_tokens``), ``le`` kept: the quantiles are computed here from the bucket
-  deltas (``daemon/core/histogram.py``), as the sidecar does, so they say where in the
+  deltas (``daemon/vllm_triage/core/histogram.py``), as the sidecar does, so they say where in the
   buckets they fell;
 - every histogram's ``_sum`` and ``_count`` increases (means, observation counts) and the
   counters' increases (rates, speculative decoding);

@@ -1,4 +1,4 @@
-"""Fill the bundled templates (``daemon/render/assets/``) with one set of objectives.
+"""Fill the bundled templates (``daemon/vllm_triage/render/assets/``) with one set of objectives.
 
 Pure: values in, text out. The templates mark each SLO or threshold as ``@{name}``
 (``$`` is PromQL's and Grafana's own sigil, ``{{ }}`` their templates'), and a template
@@ -105,7 +105,7 @@ def template(name: str) -> str:
         return resources.files("vllm_triage.render").joinpath("assets", name).read_text("utf-8")
     except OSError as exc:
         raise ConfigError(
-            f"daemon/render/assets/{name}: missing ({exc}); reinstall vllm-triage"
+            f"daemon/vllm_triage/render/assets/{name}: missing ({exc}); reinstall vllm-triage"
         ) from exc
 
 

@@ -1,4 +1,4 @@
-"""Fleet mode's answers (``daemon/fleet/queries.py``) read back per server and model, as
+"""Fleet mode's answers (``daemon/vllm_triage/fleet/queries.py``) read back per server and model, as
 the core's ``WindowTotals``: window increases, bucket deltas and gauge statistics, the
 same totals a sidecar's window sums from its scrapes. ``core.signals.signals_from_totals``
 then reads them as signals, so both paths compute quantiles, means, rates and the

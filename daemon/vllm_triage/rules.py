@@ -162,7 +162,7 @@ def read_small_text(path: str | Path, *, max_bytes: int = MAX_FILE_BYTES) -> str
 
 def _source_tree_rules() -> Path:
     """``rules/`` beside ``daemon/`` in a source checkout that was never installed."""
-    return Path(__file__).resolve().parent.parent / "rules"
+    return Path(__file__).resolve().parents[2] / "rules"
 
 
 def _locate(name: str) -> Traversable:

@@ -10,7 +10,7 @@
     GET /api/v1/series      the status page's document: each target's last hour of
                             evaluations, its incidents and transitions
                             (``vllm_triage.serve.status``)
-    GET /                   the status page (``daemon/page/``): the same panels as a
+    GET /                   the status page (``daemon/vllm_triage/page/``): the same panels as a
                             report, fed by /api/v1/series, reloading itself
 
 Anything but GET on a route is 405; unknown paths are 404. The page runs only its own

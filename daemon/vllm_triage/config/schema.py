@@ -221,7 +221,8 @@ class HttpAuth(BaseModel):
 
 
 class ProbeSettings(BaseModel):
-    """The active probe of one target (``daemon/scrape/probe.py``), off unless ``enabled``.
+    """The active probe of one target (``daemon/vllm_triage/scrape/probe.py``), off unless
+    ``enabled``.
 
     Every ``interval_seconds`` a one-token completion goes to the server's OpenAI API
     (``url``, default: the target's address with the path ``/v1/completions``), one at a
@@ -285,8 +286,8 @@ def _matchers(text: str) -> str:
 
 
 class ShardSettings(BaseModel):
-    """This replica's share of the fleet: the servers whose stable hash of their name,
-    modulo ``count``, is ``index`` (``daemon/fleet/source.py``). Replicas with the same count
+    """This replica's share of the fleet: the servers whose stable hash of their name, modulo
+    ``count``, is ``index`` (``daemon/vllm_triage/fleet/source.py``). Replicas with the same count
     and the indexes 0 .. count-1 diagnose every server exactly once."""
 
     model_config = _FROZEN

@@ -15,7 +15,7 @@ finish (each bounded by its timeout); pending notifications are delivered until
 then is counted as failed and logged, never dropped silently; with a state store it is
 kept there and delivered at the next start.
 
-State (``state_dir``, ``daemon/store.py``): opened in the constructor, before anything
+State (``state_dir``, ``daemon/vllm_triage/store.py``): opened in the constructor, before anything
 runs. The targets restore their incidents, the notifier its active alerts, its
 log and each receiver's undelivered notifications; the first evaluations then carry on
 as if the daemon had never stopped.

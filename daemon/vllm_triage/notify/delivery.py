@@ -12,7 +12,7 @@ with what was lost. A 4xx other than 408/429 will not pass by retrying (a bad to
 payload the receiver refuses) and fails at once, loudly. A full queue drops its oldest
 notification, counted in ``dropped`` and logged.
 
-With a state store (``daemon/store.py``) every queued notification is also written to it
+With a state store (``daemon/vllm_triage/store.py``) every queued notification is also written to it
 and removed once delivered, given up or dropped: after a kill, the next start delivers
 what was pending (``restore``), and at shutdown what the grace period left is kept for
 the next start rather than lost.

@@ -2,13 +2,13 @@
 same core as a scraped one, with Prometheus doing the windowing.
 
 Each tick (one per ``interval_seconds``, at a time on that step's grid) sends a few
-instant queries (``daemon/fleet/queries.py``): bucket, counter and sum increases over
+instant queries (``daemon/vllm_triage/fleet/queries.py``): bucket, counter and sum increases over
 ``window_seconds``, gauge statistics, the KV pool, and DCGM's cards. The rows are
 grouped by ``identity_labels`` (default ``job`` and ``instance``): each group is one
 server, discovered the first time it appears and kept as a target with its own
 incidents. Its rows become the core's window totals and signals
-(``daemon/fleet/signals.py``), its card and model are resolved
-(``daemon/fleet/hardware.py``), and ``Evaluator.judge`` runs the same diagnosis and
+(``daemon/vllm_triage/fleet/signals.py``), its card and model are resolved
+(``daemon/vllm_triage/fleet/hardware.py``), and ``Evaluator.judge`` runs the same diagnosis and
 incident tracking as a scrape: same exports, same webhooks, same state store. The cost
 of a tick grows with servers, not with buckets x steps.
 

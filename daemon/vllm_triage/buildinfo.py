@@ -1,8 +1,8 @@
 """Which commit this vllm-triage was built from, for ``--version``.
 
-In order: a source checkout asks git (the package folder sits beside ``pyproject.toml``
-in a git work tree: an editable install, or ``python -m vllm_triage.cli`` in the repository);
-an installed copy reads ``_commit.txt``, which ``setup.py`` writes into the wheel when it
+In order: a source checkout asks git (the package sits in ``daemon/``, beside
+``pyproject.toml`` in a git work tree: an editable install, or ``python -m
+vllm_triage.cli`` in the repository); an installed copy reads ``_commit.txt``, which ``setup.py`` writes into the wheel when it
 is built from a git checkout (``pip install .`` in a clone); ``pip install git+URL@REF``
 leaves the commit in the install's ``direct_url.json`` (PEP 610). Anything else (a
 source archive without ``.git``) says so rather than guess.
@@ -34,7 +34,7 @@ def _git(folder: Path, *args: str) -> str | None:
 
 
 def _from_checkout() -> str | None:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # daemon/vllm_triage/buildinfo.py
     if not (root / "pyproject.toml").is_file() or not (root / ".git").exists():
         return None
     sha = _git(root, "rev-parse", "--short=12", "HEAD")

@@ -40,7 +40,7 @@ def asset(name: str) -> str:
         )
     except OSError as exc:
         raise ConfigError(
-            f"daemon/page/assets/{name}: missing ({exc}); reinstall vllm-triage"
+            f"daemon/vllm_triage/page/assets/{name}: missing ({exc}); reinstall vllm-triage"
         ) from exc
 
 

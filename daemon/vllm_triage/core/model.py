@@ -119,8 +119,8 @@ class ModelSeries:
 
 @dataclass(frozen=True, slots=True)
 class ProbeStatus:
-    """The active probe of a target when it was scraped (``daemon/scrape/probe.py``): one-token
-    completions sent to the server's API, one at a time, each with a deadline.
+    """The active probe of a target when it was scraped (``daemon/vllm_triage/scrape/probe.py``):
+    one-token completions sent to the server's API, one at a time, each with a deadline.
 
     ``unanswered_since`` is when the oldest probe that has had no answer yet was sent (one
     in flight, or one that ran past its deadline); ``None`` once a probe was answered.
@@ -335,7 +335,7 @@ class WindowTotals:
     """What one model did over a window, before it is read as ``Signals``.
 
     The sidecar's ``Window`` sums it from its snapshots; fleet mode reads it from
-    Prometheus, which did the windowing (``daemon/fleet/signals.py``). Both become
+    Prometheus, which did the windowing (``daemon/vllm_triage/fleet/signals.py``). Both become
     ``Signals`` through ``signals.signals_from_totals``, so the two agree by construction.
 
     ``counters`` holds window increases and ``histograms`` window deltas, keyed by the
