@@ -1,12 +1,11 @@
 """Which commit this vllm-triage was built from, for ``--version``.
 
-In order: a source checkout asks git (the package sits in ``daemon/``, beside
-``pyproject.toml`` in a git work tree: an editable install, or ``python -m
-vllm_triage.cli`` in the repository); an installed copy reads ``_commit.txt``, which ``setup.py`` writes into the wheel when it
-is built from a git checkout (``pip install .`` in a clone); ``pip install git+URL@REF``
-leaves the commit in the install's ``direct_url.json`` (PEP 610). Anything else (a
-source archive without ``.git``) says so rather than guess.
-"""
+In order: a source checkout asks git (the package sits in ``daemon/``, beside ``pyproject.toml`` in
+a git work tree: an editable install, or ``python -m vllm_triage.cli`` in the repository); an
+installed copy reads ``_commit.txt``, which ``setup.py`` writes into the wheel when it is built from
+a git checkout (``pip install .`` in a clone); ``pip install git+URL@REF`` leaves the commit in the
+install's ``direct_url.json`` (PEP 610). Anything else (a source archive without ``.git``) says so
+rather than guess."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests for daemon/vllm_triage/serve/history.py: the status page's bounded memory of the last hour."""
+"""Tests for daemon/vllm_triage/state.py: the status page's bounded memory of the last hour
+(``History``)."""
 
 from __future__ import annotations
 
