@@ -188,7 +188,12 @@ _DATA = (
 
 def _expected_files() -> set[str]:
     """What the wheel must hold, read from the source root (the link to rules/ followed)."""
-    files = {p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+    files = {
+        Path(folder, name)
+        for folder, _, names in os.walk(PACKAGE, followlinks=True)
+        for name in names
+        if name.endswith(".py") and "__pycache__" not in Path(folder).parts
+    }
     for pattern in _DATA:
         files |= {p for p in PACKAGE.glob(pattern) if p.is_file()}
     return {"vllm_triage/" + p.relative_to(PACKAGE).as_posix() for p in files}
