@@ -45,7 +45,7 @@ CLOCK_CALLS = frozenset({"now", "utcnow", "today", "time", "monotonic", "perf_co
 
 
 def _modules() -> list[Path]:
-    return sorted(CORE.glob("*.py"))
+    return sorted(CORE.rglob("*.py"))
 
 
 def imports(path: Path) -> list[str]:
@@ -101,16 +101,59 @@ def test_the_core_has_its_modules() -> None:
     } <= names
 
 
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: p.name)
+def _core_id(path: Path) -> str:
+    return path.relative_to(CORE).as_posix()
+
+
+@pytest.mark.parametrize("path", _modules(), ids=_core_id)
 def test_imports_only_itself_the_errors_and_pure_stdlib(path: Path) -> None:
     """No pydantic, httpx, apscheduler, structlog, prometheus_client, time, os, socket..."""
     assert forbidden(imports(path)) == []
 
 
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", _modules(), ids=_core_id)
 def test_reads_no_clock(path: Path) -> None:
     """Time comes from the snapshots, never from ``datetime.now()`` or ``time.time()``."""
     assert clock_calls(path) == []
+
+
+#: The decode step roofline's room (``core/roofline/``): arithmetic over the core's shapes,
+#: importing nothing of the core but them and its own modules.
+ROOFLINE = CORE / "roofline"
+SHAPES = {"vllm_triage.core.model", "vllm_triage.core.rulebook"}
+
+
+@pytest.mark.parametrize("path", sorted(ROOFLINE.glob("*.py")), ids=_core_id)
+def test_the_roofline_room_reads_only_the_shapes(path: Path) -> None:
+    used = {m for m in imports(path) if m.startswith("vllm_triage.")}
+    assert used <= SHAPES | {m for m in used if m.startswith("vllm_triage.core.roofline")}
+
+
+def test_the_shapes_import_nothing_of_the_core() -> None:
+    """``core/model.py`` holds the data shapes; arithmetic imports them, never the reverse."""
+    assert [m for m in imports(CORE / "model.py") if m.startswith("vllm_triage.")] == []
+
+
+def public_names(path: Path) -> set[str]:
+    """The names a module defines at its top level and does not mark private."""
+    out: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Assign):
+            out.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out.add(node.target.id)
+    return {n for n in out if not n.startswith("_") and n != "__all__"}
+
+
+def test_public_names_are_unique_across_the_core() -> None:
+    """One name, one meaning: a reader who meets ``Window`` knows which one it is."""
+    seen: dict[str, list[str]] = {}
+    for path in _modules():
+        for name in public_names(path):
+            seen.setdefault(name, []).append(_core_id(path))
+    assert {n: where for n, where in seen.items() if len(where) > 1} == {}
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.incidents import Active, State
 from vllm_triage.core.model import Cause, Transition
 from vllm_triage.core.rulebook import Ceiling
-from vllm_triage.core.series import Ring, Window
+from vllm_triage.core.series import ChartPoints, Ring
 
 RECENT_TRANSITIONS = 20
 
@@ -132,7 +132,7 @@ class History:
             for model in [m for m, r in self._rings.items() if (r.newest or 0.0) < stale]:
                 del self._rings[model]
 
-    def windows(self, since: float) -> dict[str, Window]:
+    def windows(self, since: float) -> dict[str, ChartPoints]:
         with self._lock:
             return {m: r.window(since) for m, r in sorted(self._rings.items())}
 

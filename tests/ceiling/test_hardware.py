@@ -11,8 +11,8 @@ from vllm_triage.ceiling.gpus import GPU, find_gpu, load_gpu_table, parse_gpu_ta
 from vllm_triage.ceiling.hardware import ceiling_rows, decode_ceiling_tokens_per_s
 from vllm_triage.ceiling.sizing import (
     ModelSize,
+    architecture_kv_bytes_per_token,
     bytes_per_param,
-    kv_bytes_per_token,
     model_size_from_config,
     model_size_from_parameters,
 )
@@ -341,29 +341,29 @@ class TestDecodeCeiling:
 class TestKVBytesPerToken:
     def test_seed_layout(self) -> None:
         """Llama 3.1 8B (32 layers, 8 KV heads, head_dim 128, 16-bit): 131,072 bytes."""
-        assert kv_bytes_per_token(config("llama-3.1-8b"), 2) == 131072
+        assert architecture_kv_bytes_per_token(config("llama-3.1-8b"), 2) == 131072
 
     def test_explicit_head_dim_wins(self) -> None:
         """Qwen3-30B-A3B's head_dim 128 is used, not hidden/heads = 64: 2x48x4x128x2."""
-        assert kv_bytes_per_token(config("qwen3-30b-a3b"), 2) == 98304
+        assert architecture_kv_bytes_per_token(config("qwen3-30b-a3b"), 2) == 98304
 
     def test_fp8_halves(self) -> None:
         """An 8-bit KV cache holds half the bytes per token."""
-        assert kv_bytes_per_token(config("llama-3.1-8b"), 1) == 65536
+        assert architecture_kv_bytes_per_token(config("llama-3.1-8b"), 1) == 65536
 
     def test_kv_heads_default_to_attention_heads(self) -> None:
         """Without num_key_value_heads the model is plain multi-head attention."""
         cfg = {k: v for k, v in TINY.items() if k != "num_key_value_heads"}
-        assert kv_bytes_per_token(cfg, 2) == 2 * 2 * 2 * 4 * 2
+        assert architecture_kv_bytes_per_token(cfg, 2) == 2 * 2 * 2 * 4 * 2
 
     def test_nested_text_config(self) -> None:
         """Multimodal configs are read from their text_config."""
-        assert kv_bytes_per_token({"text_config": config("llama-3.1-8b")}, 2) == 131072
+        assert architecture_kv_bytes_per_token({"text_config": config("llama-3.1-8b")}, 2) == 131072
 
     def test_missing_key_named(self) -> None:
         """A missing layout key raises ConfigError naming it."""
         with pytest.raises(ConfigError, match="'num_hidden_layers'"):
-            kv_bytes_per_token({"num_attention_heads": 8, "hidden_size": 64}, 2)
+            architecture_kv_bytes_per_token({"num_attention_heads": 8, "hidden_size": 64}, 2)
 
 
 class TestModelSizeFromConfig:

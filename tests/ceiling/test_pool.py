@@ -21,11 +21,11 @@ from vllm_triage.ceiling.pool import (
     estimate_from_pool,
     from_memory_bytes,
     from_model_row,
-    kv_bytes_per_token,
     parse_cache_config,
+    pool_kv_bytes_per_token,
     reserve_bytes,
 )
-from vllm_triage.ceiling.sizing import kv_bytes_per_token as kv_from_config
+from vllm_triage.ceiling.sizing import architecture_kv_bytes_per_token
 
 from support.paths import FIXTURES
 
@@ -71,7 +71,7 @@ def test_memory_bytes_over_the_pool_is_the_architectures_figure(
     assert got is not None
     assert got.source == SOURCE_MEMORY_BYTES
     assert got.value == got.low == got.high == 4096
-    assert got.value == kv_from_config(TINY_LLAMA, 4)
+    assert got.value == architecture_kv_bytes_per_token(TINY_LLAMA, 4)
 
 
 def test_memory_bytes_on_a_pool_of_262144_tokens() -> None:
@@ -167,7 +167,9 @@ def test_the_0_5_capture_from_its_model_name() -> None:
     cfg = parse_cache_config(cache_labels(path))
     row, match = find_model("neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8") or pytest.fail()
     facts = model_facts(row, match)
-    got = kv_bytes_per_token(cfg, model_kv_bytes_16bit_per_gpu=facts.kv_bytes_per_token_per_gpu())
+    got = pool_kv_bytes_per_token(
+        cfg, model_kv_bytes_16bit_per_gpu=facts.kv_bytes_per_token_per_gpu()
+    )
     assert got is not None and got.source == SOURCE_MODEL_ROW and got.value == 131072
 
 
@@ -247,7 +249,7 @@ def test_estimate_refuses_what_it_cannot_size(
 
 def test_memory_bytes_win_over_a_model_row_and_the_estimate() -> None:
     cfg = parse_cache_config(cache_labels(first_scrape("decode")))
-    got = kv_bytes_per_token(
+    got = pool_kv_bytes_per_token(
         cfg, model_kv_bytes_16bit_per_gpu=999, memory_gb=80, weight_bytes_per_gpu=1e9
     )
     assert got is not None and got.source == SOURCE_MEMORY_BYTES and got.value == 4096
@@ -255,7 +257,7 @@ def test_memory_bytes_win_over_a_model_row_and_the_estimate() -> None:
 
 def test_a_model_row_wins_over_the_estimate_and_halves_under_fp8() -> None:
     cfg = CacheConfig(kv_cache_size_tokens=400_000, gpu_memory_utilization=0.9, cache_dtype="fp8")
-    got = kv_bytes_per_token(
+    got = pool_kv_bytes_per_token(
         cfg, model_kv_bytes_16bit_per_gpu=131072, memory_gb=80, weight_bytes_per_gpu=16e9
     )
     assert got is not None and got.source == SOURCE_MODEL_ROW and got.value == 65536
@@ -266,11 +268,11 @@ def test_the_estimate_is_the_last_resort() -> None:
     cfg = CacheConfig(
         kv_cache_size_tokens=400_000, gpu_memory_utilization=0.9, cache_dtype="fp8_ds_mla"
     )
-    got = kv_bytes_per_token(
+    got = pool_kv_bytes_per_token(
         cfg, model_kv_bytes_16bit_per_gpu=131072, memory_gb=80, weight_bytes_per_gpu=16e9
     )
     assert got is not None and got.source == SOURCE_POOL_ESTIMATE
-    assert kv_bytes_per_token(cfg) is None
+    assert pool_kv_bytes_per_token(cfg) is None
 
 
 def test_the_worked_example_of_physics_md() -> None:

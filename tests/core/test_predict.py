@@ -14,9 +14,10 @@ import dataclasses
 import pytest
 
 from vllm_triage.assemble import build_evaluator
-from vllm_triage.core import predict, roofline
+from vllm_triage.core import predict
 from vllm_triage.core.drive import Driver, Fed
 from vllm_triage.core.model import Quantile, RemediationEffect, Signals
+from vllm_triage.core.roofline import step as roofline
 from vllm_triage.core.rulebook import Rulebook
 from vllm_triage.demo.offline import scenario_settings
 from vllm_triage.simulator import Phase, Scenario, ServerSpec, Workload, server_spec

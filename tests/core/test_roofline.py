@@ -1,4 +1,5 @@
-"""Tests for daemon/vllm_triage/core/roofline.py: the decode step's floor, term by term, by hand.
+"""Tests for daemon/vllm_triage/core/roofline/step.py: the decode step's floor, term by term, by
+hand.
 
 Each case builds the window's signals and the card's and model's facts, and checks the
 floor against the arithmetic of ``docs/physics.md`` ("The decode roofline") done here in
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from vllm_triage.core.model import Histogram, Signals
-from vllm_triage.core.roofline import (
+from vllm_triage.core.roofline.step import (
     ITERATION_TOKENS,
     RUNNING,
     StepRoofline,

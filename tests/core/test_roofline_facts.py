@@ -14,11 +14,10 @@ import yaml
 
 from vllm_triage.assemble import build_evaluator
 from vllm_triage.config.load import load_settings
-from vllm_triage.core import decode_facts
-from vllm_triage.core.kvpool import CacheConfig
-from vllm_triage.core.model import Histogram, Signals
+from vllm_triage.core.model import CacheConfig, Histogram, Signals
 from vllm_triage.core.parse import SnapshotParser, parse_snapshot
-from vllm_triage.core.roofline import StepRoofline, evidence, step_roofline
+from vllm_triage.core.roofline import sources
+from vllm_triage.core.roofline.step import StepRoofline, evidence, step_roofline
 from vllm_triage.core.rulebook import Roofline, Source
 from vllm_triage.simulator import Phase, Scenario, Simulation, Workload, server_spec
 
@@ -84,7 +83,7 @@ class TestParse:
         cfg = snap.kv_pool.config
         assert (cfg.kv_cache_memory_bytes, cfg.kv_cache_size_tokens) == (268435456, 65536)
         assert (cfg.gpu_memory_utilization, cfg.cache_dtype) == (0.92, "auto")
-        figure = decode_facts.kv_bytes_per_token(signals(kv_cache=cfg), ROW)
+        figure = sources.resolve_kv_bytes_per_token(signals(kv_cache=cfg), ROW)
         assert figure is not None and figure.per_gpu == 4096
         assert str(figure.source) == "metrics (kv_cache_memory_bytes)"
 
@@ -127,36 +126,36 @@ class TestKVBytesPerToken:
             kv_in_model_dtype=False,
             sources={**ROW.sources, "kv_bytes_per_token": Source("settings")},
         )
-        figure = decode_facts.kv_bytes_per_token(signals(kv_cache=self.FIXED), hw)
+        figure = sources.resolve_kv_bytes_per_token(signals(kv_cache=self.FIXED), hw)
         assert figure is not None and figure.per_gpu == 131072  # one GPU: not split
         assert figure.source.kind == "settings"
 
     def test_the_metrics_outrank_the_model_table(self) -> None:
-        figure = decode_facts.kv_bytes_per_token(signals(kv_cache=self.FIXED), ROW)
+        figure = sources.resolve_kv_bytes_per_token(signals(kv_cache=self.FIXED), ROW)
         assert figure is not None and (figure.per_gpu, figure.source.kind) == (65536, "metrics")
 
     def test_the_model_table_outranks_the_estimate(self) -> None:
-        figure = decode_facts.kv_bytes_per_token(signals(), ROW)
+        figure = sources.resolve_kv_bytes_per_token(signals(), ROW)
         assert figure is not None and figure.source.kind == "model table"
         assert figure.per_gpu == 131072
 
     @pytest.mark.parametrize("dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
     def test_an_fp8_cache_halves_the_models_figure(self, dtype: str) -> None:
         cfg = dataclasses.replace(PROFILED, cache_dtype=dtype)
-        figure = decode_facts.kv_bytes_per_token(signals(kv_cache=cfg), ROW)
+        figure = sources.resolve_kv_bytes_per_token(signals(kv_cache=cfg), ROW)
         assert figure is not None and figure.bytes == 65536
         assert f"KV cache {dtype}" in str(figure.source)
 
     def test_an_fp8_cache_leaves_a_figure_the_user_gave(self) -> None:
         hw = dataclasses.replace(ROW, kv_in_model_dtype=False)
         cfg = dataclasses.replace(PROFILED, cache_dtype="fp8")
-        figure = decode_facts.kv_bytes_per_token(signals(kv_cache=cfg), hw)
+        figure = sources.resolve_kv_bytes_per_token(signals(kv_cache=cfg), hw)
         assert figure is not None and figure.bytes == 131072
 
     def test_the_estimate_last(self) -> None:
         """No figure anywhere: (0.99 x 80 GiB x 0.9 - 16.06 GB - 3.09 GB) / 416,000."""
         hw = dataclasses.replace(ROW, kv_bytes_per_token=None)
-        figure = decode_facts.kv_bytes_per_token(signals(), hw)
+        figure = sources.resolve_kv_bytes_per_token(signals(), hw)
         assert figure is not None and figure.source.kind == "estimate"
         total = 0.99 * 80 * 2**30
         expected = (total * 0.9 - 16.06e9 - (0.5 * 2**30 + 0.03 * total)) / 416_000
@@ -165,10 +164,10 @@ class TestKVBytesPerToken:
 
     def test_nothing_to_estimate_from(self) -> None:
         hw = dataclasses.replace(ROW, kv_bytes_per_token=None, memory_gb=None)
-        assert decode_facts.kv_bytes_per_token(signals(), hw) is None
+        assert sources.resolve_kv_bytes_per_token(signals(), hw) is None
         r = roof(signals(), hw)
         assert r.kv_bytes is None and r.lower_bound
-        assert r.gaps[0] == decode_facts.SETTLE_KV
+        assert r.gaps[0] == sources.SETTLE_KV
 
 
 #: 3,000 steps of 150 tokens in the window.
@@ -186,12 +185,12 @@ class TestVllmEstimate:
 
     def test_per_step(self) -> None:
         s = signals(estimated_read_bytes=3000 * 40e9, estimated_flops=3000 * 2.4e12, **STEPS)
-        found = decode_facts.vllm_estimate(s)
-        assert found == decode_facts.VllmEstimate(40e9, 2.4e12)
+        found = sources.vllm_estimate(s)
+        assert found == sources.VllmEstimate(40e9, 2.4e12)
 
     def test_counters_that_did_not_move_are_absent(self) -> None:
-        assert decode_facts.vllm_estimate(signals(estimated_read_bytes=0.0, **STEPS)) is None
-        assert decode_facts.vllm_estimate(signals(estimated_read_bytes=1e9)) is None  # no steps
+        assert sources.vllm_estimate(signals(estimated_read_bytes=0.0, **STEPS)) is None
+        assert sources.vllm_estimate(signals(estimated_read_bytes=1e9)) is None  # no steps
 
     def test_they_size_the_step_when_the_facts_rank_below_them(self) -> None:
         """Weights from the model table: vLLM's 40 GB a step is the floor's memory term,
@@ -222,7 +221,7 @@ class TestVllmEstimate:
         r = roof(s, hw)
         assert not r.bytes_from_vllm
         assert r.disagreement is not None and r.disagreement.startswith("bytes per step")
-        assert f"tolerance {decode_facts.TOLERANCE:.0%}" in r.disagreement
+        assert f"tolerance {sources.TOLERANCE:.0%}" in r.disagreement
         assert evidence(r)["decode_vllm_estimate_disagrees"] == r.disagreement
 
 

@@ -15,11 +15,10 @@ import yaml
 
 from vllm_triage.assemble import build_evaluator, build_rulebook
 from vllm_triage.config.load import load_settings
-from vllm_triage.core import decode_facts
 from vllm_triage.core.diagnose import diagnose
-from vllm_triage.core.kvpool import CacheConfig
-from vllm_triage.core.model import Diagnosis, Quantile, Signals
+from vllm_triage.core.model import CacheConfig, Diagnosis, Quantile, Signals
 from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.core.roofline import sources
 from vllm_triage.core.rulebook import Roofline, Rulebook
 from vllm_triage.simulator import Phase, Scenario, Simulation, Workload, server_spec
 
@@ -70,7 +69,7 @@ class TestKVUnknown:
         assert ev["decode_limit"] == "unknown"
         assert ev["decode_roofline_ratio"] == pytest.approx(WEIGHTS_S / 0.020, rel=1e-4)
         assert ev["decode_roofline_ratio_is_lower_bound"] is True
-        assert ev["decode_roofline_needs"] == decode_facts.SETTLE_KV
+        assert ev["decode_roofline_needs"] == sources.SETTLE_KV
         assert "only a lower bound" in d.summary
         assert "set model.kv_bytes_per_token (or serve a model from the table)" in d.summary
         assert "serving stack" not in d.summary
@@ -87,7 +86,7 @@ class TestKVUnknown:
         hw = dataclasses.replace(NO_KV, kv_bytes_per_token=131072)
         d = diagnose(signals(kv_pool_tokens=None), rules(hw))
         assert d.evidence["decode_limit"] == "unknown"
-        assert d.evidence["decode_roofline_needs"] == decode_facts.SETTLE_POOL
+        assert d.evidence["decode_roofline_needs"] == sources.SETTLE_POOL
 
     def test_a_bound_already_at_the_limit_is_the_hardware(self) -> None:
         """The weights alone fill 96 % of the step: whatever the KV reads, the card is
@@ -117,7 +116,7 @@ class TestOtherTerms:
         )
         d = diagnose(signals(kv_cache=cfg), rules(hw))
         assert d.evidence["decode_limit"] == "unknown"
-        assert d.evidence["decode_roofline_needs"] == decode_facts.SETTLE_WEIGHTS
+        assert d.evidence["decode_roofline_needs"] == sources.SETTLE_WEIGHTS
         assert "weights" in str(d.evidence["decode_roofline_left_out"])
 
     def test_nothing_sized_says_the_model(self) -> None:
@@ -136,7 +135,7 @@ class TestOtherTerms:
         s = signals(spec_drafts=1000.0, spec_draft_tokens=4000.0, spec_accepted_tokens=2000.0)
         d = diagnose(s, rules(hw))
         assert d.evidence["decode_limit"] == "unknown"
-        assert d.evidence["decode_roofline_needs"] == decode_facts.SETTLE_DRAFT
+        assert d.evidence["decode_roofline_needs"] == sources.SETTLE_DRAFT
 
 
 def test_the_gauges_help_says_lower_bound() -> None:
@@ -184,5 +183,5 @@ def test_a_model_in_no_table_without_kv_facts_never_says_serving_stack(tmp_path:
     fullest = max(judged, key=lambda d: float(d.evidence["kv_usage_mean"])).evidence
     assert fullest["decode_limit"] == "unknown", fullest
     assert fullest["decode_roofline_ratio_is_lower_bound"] is True
-    assert fullest["decode_roofline_needs"] == decode_facts.SETTLE_KV
+    assert fullest["decode_roofline_needs"] == sources.SETTLE_KV
     assert "kv_bytes_per_token=unknown" in str(fullest["decode_facts_source"])

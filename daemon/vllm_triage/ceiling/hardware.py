@@ -13,7 +13,7 @@ from typing import Any
 
 from vllm_triage.ceiling.gpus import GPU
 from vllm_triage.ceiling.sizing import ModelSize
-from vllm_triage.core.kvpool import GIB
+from vllm_triage.core.roofline.kvpool import GIB
 
 #: vLLM's default ``gpu_memory_utilization``: the share of a card it lets itself use.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9

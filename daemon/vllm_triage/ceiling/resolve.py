@@ -5,7 +5,7 @@ Both the daemon's settings (``vllm_triage.assemble``) and ``vllm-triage ceiling`
 model by its parameter count and dtype, by its ``config.json``, or by the name vLLM serves
 it under (a row of the bundled model table); the demo describes a simulated card by its
 bandwidth. Each goes through here. What the metrics say is added by the core at every
-evaluation (``vllm_triage.core.decode_facts``; ``docs/physics.md``, "Where each fact comes
+evaluation (``vllm_triage.core.roofline.sources``; ``docs/physics.md``, "Where each fact comes
 from").
 """
 

@@ -195,7 +195,7 @@ def _attention(cfg: Mapping[str, Any], prefix: str) -> _Attention:
     )
 
 
-def kv_bytes_per_token(config: Mapping[str, Any], kv_dtype_bytes: float) -> int:
+def architecture_kv_bytes_per_token(config: Mapping[str, Any], kv_dtype_bytes: float) -> int:
     """KV cache bytes one token holds: 2 (key, value) x layers x KV heads x head_dim x
     bytes; with multi-head latent attention, (kv_lora_rank + qk_rope_head_dim) x layers x
     bytes (``docs/physics.md``, "The KV cache")."""
@@ -421,7 +421,7 @@ def model_size_from_config(
     return ModelSize(
         parameters=float(counts.linear_total + counts.other_total),
         weight_bytes_per_token=float(read),
-        kv_bytes_per_token=kv_bytes_per_token(config, kv_bytes),
+        kv_bytes_per_token=architecture_kv_bytes_per_token(config, kv_bytes),
         dtype=weight,
         notes=tuple(notes),
         # What a token reads is what it multiplies through, but for the one row of the

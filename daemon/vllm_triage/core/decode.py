@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_triage.core import decode_facts, roofline
 from vllm_triage.core.model import EvidenceValue
-from vllm_triage.core.roofline import StepRoofline
+from vllm_triage.core.roofline import sources
+from vllm_triage.core.roofline import step as roofline
+from vllm_triage.core.roofline.step import StepRoofline
 from vllm_triage.core.rulebook import Rulebook, Thresholds
 
 #: What each roofline term is, in the summary and a contributing cause's line.
@@ -74,7 +75,7 @@ def decode_split(
         if rules.roofline is None:
             why = f"no hardware set: the decode step floor is unknown; {SETTLE_CARD}"
         else:
-            why = f"the model's size is unknown: {decode_facts.SETTLE_WEIGHTS}"
+            why = f"the model's size is unknown: {sources.SETTLE_WEIGHTS}"
         return head + f" ({why})" + measured, "unknown"
     gb = [] if r.weight_bytes is None else [f"{r.weight_bytes / 1e9:.3g} GB weights"]
     if r.kv_bytes is not None:

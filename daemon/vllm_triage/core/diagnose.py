@@ -36,12 +36,13 @@ Pure: the same ``Signals`` and ``Rulebook`` always give the same ``Diagnosis``.
 
 from __future__ import annotations
 
-from vllm_triage.core import predict, prose, roofline
+from vllm_triage.core import predict, prose
 from vllm_triage.core.checks import breaches_of, checks_of, confidence_of, is_present
 from vllm_triage.core.decode import decode_evidence, decode_remediation
 from vllm_triage.core.engines import engine_evidence, explaining
 from vllm_triage.core.facts import Facts, evidence_of, facts_of, frontend_bound, rounded
 from vllm_triage.core.model import CAUSES, Cause, Contribution, Diagnosis, Signals
+from vllm_triage.core.roofline import step as roofline
 from vllm_triage.core.rulebook import Rulebook
 from vllm_triage.core.signals import INCONSISTENT_RESETS
 from vllm_triage.core.stall import stall_diagnosis

@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vllm_triage.core import predict, roofline
+from vllm_triage.core import predict
 from vllm_triage.core.model import Diagnosis, EvidenceValue, Quantile, Signals
-from vllm_triage.core.roofline import StepRoofline
+from vllm_triage.core.roofline import step as roofline
+from vllm_triage.core.roofline.step import StepRoofline
 from vllm_triage.core.rulebook import Rulebook
 from vllm_triage.core.signals import INCONSISTENT_RESETS
 

@@ -15,8 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from vllm_triage.core.kvpool import CacheConfig
-
 Cause = Literal["stalled", "prefill_bound", "decode_bound", "queue_bound", "kv_pressure"]
 #: Causes in causal order (see ``diagnose``): a hung engine explains every other symptom,
 #: KV pressure makes requests wait, waiting inflates TTFT, and a long prefill stalls
@@ -30,6 +28,29 @@ CAUSES: tuple[Cause, ...] = (
 )
 
 Era = Literal["v0", "transitional", "v1", "unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """The labels of ``vllm:cache_config_info`` the KV pool's arithmetic reads
+    (``core/roofline/kvpool.py``); None where vLLM said "None" or the label is absent (older
+    versions lack kv_cache_size_tokens and kv_cache_memory_bytes) or not a positive number."""
+
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    kv_cache_size_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
+    cache_dtype: str = "auto"
+    kv_cache_memory_bytes: int | None = None
+
+    @property
+    def pool_tokens(self) -> int | None:
+        """Tokens the pool holds: kv_cache_size_tokens, else num_gpu_blocks x block_size."""
+        if self.kv_cache_size_tokens is not None:
+            return self.kv_cache_size_tokens
+        if self.num_gpu_blocks is not None and self.block_size is not None:
+            return self.num_gpu_blocks * self.block_size
+        return None
 
 
 @dataclass(frozen=True, slots=True)

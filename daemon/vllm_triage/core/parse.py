@@ -38,7 +38,6 @@ from collections.abc import Collection, Generator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from vllm_triage.core.kvpool import parse_cache_config
 from vllm_triage.core.model import Era, Histogram, KVPool, ModelSeries, Snapshot
 from vllm_triage.core.names import (
     COUNTER_FIELDS,
@@ -49,6 +48,7 @@ from vllm_triage.core.names import (
     PREFIXES,
     SAMPLES,
 )
+from vllm_triage.core.roofline.kvpool import parse_cache_config
 from vllm_triage.errors import ParseError, TooCostlyError
 
 _T = TypeVar("_T")

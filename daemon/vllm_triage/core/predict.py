@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vllm_triage.core.model import Cause, ChangeValue, RemediationEffect, Signals
-from vllm_triage.core.roofline import StepRoofline
+from vllm_triage.core.roofline.step import StepRoofline
 from vllm_triage.core.rulebook import Roofline
 
 #: The changes ``vllm-triage whatif`` takes, and what each means.

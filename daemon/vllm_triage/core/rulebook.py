@@ -105,7 +105,7 @@ class Roofline:
       occupy (all GPUs), for estimating the KV pool's bytes from its size in tokens.
     - ``sources``: where each fact came from, by name (``bandwidth``, ``compute``,
       ``weights``, ``kv_bytes_per_token``, ``tensor_parallel``, ``active_parameters``);
-      the core adds what it reads from the metrics (``vllm_triage.core.decode_facts``).
+      the core adds what it reads from the metrics (``vllm_triage.core.roofline.sources``).
     """
 
     gpu: str

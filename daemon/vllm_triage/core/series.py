@@ -22,7 +22,7 @@ NAN = float("nan")
 
 
 @dataclass(frozen=True, slots=True)
-class Window:
+class ChartPoints:
     """A copy of a ring's points since some time, oldest first (None where unknown)."""
 
     times: list[float]
@@ -60,11 +60,11 @@ class Ring:
     def __len__(self) -> int:
         return self._size
 
-    def window(self, since: float = -math.inf) -> Window:
+    def window(self, since: float = -math.inf) -> ChartPoints:
         start = (self._next - self._size) % self.capacity
         order = [(start + j) % self.capacity for j in range(self._size)]
         order = [i for i in order if self._times[i] >= since]
-        return Window(
+        return ChartPoints(
             times=[self._times[i] for i in order],
             columns={
                 k: [None if math.isnan(c[i]) else float(c[i]) for i in order]

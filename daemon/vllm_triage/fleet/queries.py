@@ -46,7 +46,7 @@ COUNTERS = tuple(c for c in COUNTER_FIELDS if c != "requests_finished")
 DCGM_MODEL = "modelName"
 DCGM_UUID = "UUID"
 #: ``cache_config_info``'s labels read: the pool's size, and what sizes its KV bytes per
-#: token (``core.kvpool.CacheConfig``).
+#: token (``core.roofline.kvpool.CacheConfig``).
 POOL_LABELS = (
     "engine",
     "block_size",

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_triage.core.engines import balance_means
-from vllm_triage.core.kvpool import CacheConfig, parse_cache_config
-from vllm_triage.core.model import GaugeStats, Histogram, Progress, WindowTotals
+from vllm_triage.core.model import CacheConfig, GaugeStats, Histogram, Progress, WindowTotals
 from vllm_triage.core.names import HISTOGRAM_FIELDS, MAX_ENGINES, label_value
+from vllm_triage.core.roofline.kvpool import parse_cache_config
 from vllm_triage.fleet.queries import BUCKET_FIELDS, COUNTERS, DCGM_MODEL, POOL_LABELS
 
 Row = Mapping[str, Any]

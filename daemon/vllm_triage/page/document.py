@@ -33,7 +33,7 @@ from vllm_triage.core.model import Reason, Transition
 from vllm_triage.core.predict import effect_dict, effect_text
 from vllm_triage.core.report import iso
 from vllm_triage.core.rulebook import Rulebook
-from vllm_triage.core.series import Window
+from vllm_triage.core.series import ChartPoints
 from vllm_triage.core.timeline import Incident, breach_began, for_display, median_interval
 from vllm_triage.page.spec import PageSpec
 
@@ -158,7 +158,7 @@ def section(
     *,
     sid: str,
     title: str,
-    window: Window,
+    window: ChartPoints,
     transitions: Sequence[Transition],
     found: Iterable[Incident],
     settings_values: Mapping[str, float],

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 from vllm_triage import __version__
 from vllm_triage.core.counts import counted
 from vllm_triage.core.report import iso
-from vllm_triage.core.series import Window
+from vllm_triage.core.series import ChartPoints
 from vllm_triage.core.timeline import Incident, incidents
 from vllm_triage.net.redact import safe_url
 from vllm_triage.page.document import base_document, duration, section
@@ -130,7 +130,7 @@ def live_document(
                 doc,
                 sid=f"t{n}m{k}",
                 title=st.name if model is None else f"{st.name} · {model or '(no model_name)'}",
-                window=window or Window(times=[], columns={}, causes=[]),
+                window=window or ChartPoints(times=[], columns={}, causes=[]),
                 transitions=[t for t in list(st.recent) if t.model_name == model and t.at >= since],
                 found=[] if model is None else _live_incidents(st, model, since),
                 settings_values=constants,

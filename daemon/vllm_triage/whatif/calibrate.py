@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from vllm_triage.ceiling.gpus import find_gpu
 from vllm_triage.ceiling.pool import GIB
 from vllm_triage.ceiling.sizing import bytes_per_param
-from vllm_triage.core import roofline
 from vllm_triage.core.drive import Driver, Fed
 from vllm_triage.core.evaluate import Evaluator
 from vllm_triage.core.model import ChangeValue, Signals
+from vllm_triage.core.roofline import step as roofline
 from vllm_triage.core.rulebook import Roofline
 from vllm_triage.simulator import Phase, Scenario, ServerSpec, Workload, record
 from vllm_triage.whatif.window import Observed

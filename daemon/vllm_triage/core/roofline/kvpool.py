@@ -19,6 +19,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from vllm_triage.core.model import CacheConfig
+
 GIB = 2**30
 
 SOURCE_MEMORY_BYTES = "kv_cache_memory_bytes"
@@ -55,29 +57,6 @@ _MEMORY_LOW_OF_GB = 0.97
 _RESERVE_NOMINAL = (0.5 * GIB, 0.03)
 _RESERVE_LOW = (0.5 * GIB, 0.0)
 _RESERVE_HIGH = (1.0 * GIB, 0.10)
-
-
-@dataclass(frozen=True, slots=True)
-class CacheConfig:
-    """The labels of ``vllm:cache_config_info`` this module reads; None where vLLM said
-    "None" or the label is absent (older versions lack kv_cache_size_tokens and
-    kv_cache_memory_bytes) or not a positive number."""
-
-    num_gpu_blocks: int | None = None
-    block_size: int | None = None
-    kv_cache_size_tokens: int | None = None
-    gpu_memory_utilization: float | None = None
-    cache_dtype: str = "auto"
-    kv_cache_memory_bytes: int | None = None
-
-    @property
-    def pool_tokens(self) -> int | None:
-        """Tokens the pool holds: kv_cache_size_tokens, else num_gpu_blocks x block_size."""
-        if self.kv_cache_size_tokens is not None:
-            return self.kv_cache_size_tokens
-        if self.num_gpu_blocks is not None and self.block_size is not None:
-            return self.num_gpu_blocks * self.block_size
-        return None
 
 
 def _positive_int(text: str | None) -> int | None:
@@ -202,7 +181,7 @@ def estimate_from_pool(
     return KVBytesPerToken(pool / tokens, SOURCE_POOL_ESTIMATE, low, high, detail)
 
 
-def kv_bytes_per_token(
+def pool_kv_bytes_per_token(
     cfg: CacheConfig,
     *,
     model_kv_bytes_16bit_per_gpu: float | None = None,

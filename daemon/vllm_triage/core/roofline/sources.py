@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_triage.core.kvpool import estimate_from_pool, from_memory_bytes, from_model_row
 from vllm_triage.core.model import Signals
+from vllm_triage.core.roofline.kvpool import estimate_from_pool, from_memory_bytes, from_model_row
 from vllm_triage.core.rulebook import Roofline, Source
 
 #: How far vLLM's own estimate of a step's bytes or FLOPs may lie from the arithmetic's,
@@ -92,7 +92,7 @@ def _model_figure(hw: Roofline, cache_dtype: str) -> KVFigure | None:
     return KVFigure(scaled.value, kv_split(hw), Source(source.kind, detail))
 
 
-def kv_bytes_per_token(s: Signals, hw: Roofline) -> KVFigure | None:
+def resolve_kv_bytes_per_token(s: Signals, hw: Roofline) -> KVFigure | None:
     """KV bytes per token, from the first source that has it (the module's note)."""
     cfg = s.kv_cache
     model = _model_figure(hw, cfg.cache_dtype if cfg is not None else "auto")

@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from vllm_triage.core import decode_facts
-from vllm_triage.core.decode_facts import KVFigure, VllmEstimate
 from vllm_triage.core.model import EvidenceValue, Signals
+from vllm_triage.core.roofline import sources
+from vllm_triage.core.roofline.batch import ITERATION_TOKENS, RUNNING, Batch, batch_of
+from vllm_triage.core.roofline.sources import KVFigure, VllmEstimate
 from vllm_triage.core.rulebook import Ceiling, Roofline
-from vllm_triage.core.stepbatch import ITERATION_TOKENS, RUNNING, Batch, batch_of
 
 __all__ = [
     "ITERATION_TOKENS",
@@ -136,7 +136,7 @@ def _kv(s: Signals, hw: Roofline, batch: Batch, engines: int, left_out: list[str
     resident = None
     if s.kv_pool_tokens and usage is not None:
         resident = usage * s.kv_pool_tokens / engines
-    figure = decode_facts.kv_bytes_per_token(s, hw)
+    figure = sources.resolve_kv_bytes_per_token(s, hw)
     kv: float | None = None
     if figure is None:
         # Neither given, nor exported (kv_cache_memory_bytes), nor in a model row, nor
@@ -162,9 +162,9 @@ def _measured(
     kv_given = not kv.context or (
         kv.bytes is not None and kv.figure is not None and kv.figure.source.given
     )
-    weights_given = hw.weight_bytes is not None and decode_facts.source_of(hw, "weights").given
+    weights_given = hw.weight_bytes is not None and sources.source_of(hw, "weights").given
     flops_given = (
-        hw.active_parameters is not None and decode_facts.source_of(hw, "active_parameters").given
+        hw.active_parameters is not None and sources.source_of(hw, "active_parameters").given
     )
     measured_bytes = None if weights_given and kv_given else estimate.bytes_per_step
     measured_flops = None if flops_given or compute is None else estimate.flops_per_step
@@ -188,7 +188,7 @@ def step_roofline(s: Signals, hw: Roofline) -> StepRoofline | None:
     kv = _kv(s, hw, batch, engines, left_out)
     if hw.weight_bytes is None:
         left_out.append("weights: the model's size unknown")
-    estimate = decode_facts.vllm_estimate(s)
+    estimate = sources.vllm_estimate(s)
     measured_bytes, measured_flops = _measured(hw, kv, estimate, compute)
     if compute is None:
         left_out.append("compute: hardware.compute_tflops unknown")
@@ -234,27 +234,25 @@ def step_roofline(s: Signals, hw: Roofline) -> StepRoofline | None:
     if batch.draft_length > 0:
         if hw.draft_weight_bytes is None:
             left_out.append("draft reads: model.draft_parameters_billion unknown")
-            gaps.append(decode_facts.SETTLE_DRAFT)
+            gaps.append(sources.SETTLE_DRAFT)
         else:
             # k draft forwards one after the other, each reading the draft's weights and,
             # for a separate draft model, its own KV cache of every sequence.
             per_forward = hw.draft_weight_bytes / tp
             if hw.draft_weight_bytes > 0 and hw.draft_kv_bytes_per_token is None:
                 left_out.append("draft KV reads: model.draft_kv_bytes_per_token unknown")
-                gaps.append(decode_facts.SETTLE_DRAFT_KV)
+                gaps.append(sources.SETTLE_DRAFT_KV)
             elif hw.draft_kv_bytes_per_token and kv.resident is not None:
-                per_forward += kv.resident * hw.draft_kv_bytes_per_token / decode_facts.kv_split(hw)
+                per_forward += kv.resident * hw.draft_kv_bytes_per_token / sources.kv_split(hw)
             draft_bytes = per_forward * batch.draft_length
             draft_flops = 2.0 * (hw.draft_parameters or 0.0) * (batch.sequences or 1.0) / tp
             per_s = max(per_forward / bandwidth, draft_flops / compute if compute else 0.0)
             draft_s = batch.draft_length * per_s
     if measured_bytes is None:
         if kv.bytes is None and kv.context:
-            gaps.insert(
-                0, decode_facts.SETTLE_KV if kv.figure is None else decode_facts.SETTLE_POOL
-            )
+            gaps.insert(0, sources.SETTLE_KV if kv.figure is None else sources.SETTLE_POOL)
         if hw.weight_bytes is None:
-            gaps.insert(0, decode_facts.SETTLE_WEIGHTS)
+            gaps.insert(0, sources.SETTLE_WEIGHTS)
     if target_s + draft_s <= 0:
         return None
     bound: Bound = "compute" if compute_bound_s > target_s / 2 else "memory"
@@ -292,7 +290,7 @@ def step_roofline(s: Signals, hw: Roofline) -> StepRoofline | None:
         left_out=tuple(left_out),
         gaps=tuple(gaps),
         kv_bytes_per_token=kv.figure.per_gpu if kv.figure is not None else None,
-        facts_source=decode_facts.facts_source(
+        facts_source=sources.facts_source(
             hw,
             s,
             kv.figure,
@@ -302,7 +300,7 @@ def step_roofline(s: Signals, hw: Roofline) -> StepRoofline | None:
         vllm_bytes=estimate.bytes_per_step if estimate is not None else None,
         vllm_flops=estimate.flops_per_step if estimate is not None else None,
         bytes_from_vllm=measured_bytes is not None,
-        disagreement=decode_facts.disagreement(estimate, arithmetic_bytes, arithmetic_flops),
+        disagreement=sources.disagreement(estimate, arithmetic_bytes, arithmetic_flops),
         compute_bound_seconds=compute_bound_s,
         draft_seconds=draft_s,
     )
