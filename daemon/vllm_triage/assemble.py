@@ -14,6 +14,8 @@ functions.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import socket
 import ssl
@@ -51,7 +53,7 @@ from vllm_triage.scrape.keep import ScrapeKeeper
 from vllm_triage.scrape.loop import ScrapeParts, Scraper
 from vllm_triage.scrape.probe import Prober, completions_url
 from vllm_triage.serve.exporter import build_registry
-from vllm_triage.serve.listener import HttpServer
+from vllm_triage.serve.listener import HttpServer, bind
 from vllm_triage.serve.routes import Endpoints
 from vllm_triage.serve.status import live_document
 from vllm_triage.service import Daemon, DaemonParts, Readiness
@@ -371,18 +373,119 @@ def build_daemon(
 ) -> Daemon:
     """The whole daemon, its port bound and its state restored, ready to ``run``.
 
+    Built in dependency order, as Alertmanager's ``New`` builds its parts: the state store,
+    the listening socket (the notifier's links need its address), the notifier, the
+    scrapers or the fleet, then the read side over what was built. Everything opened goes
+    on one ``ExitStack``: a build that fails closes it (a bad ``config_json`` leaves no
+    port taken and no file open), and the daemon closes it at shutdown.
+
     ``default_state_dir``: what ``state_dir: auto`` means here (``run`` passes the XDG
     state directory; an in-process daemon, as the demo's, keeps nothing)."""
+    with contextlib.ExitStack() as opened:
+        parts = _build_parts(settings, opened, clock=clock, default_state_dir=default_state_dir)
+        # Built whole: from here the daemon owns what was opened.
+        return Daemon(dataclasses.replace(parts, opened=opened.pop_all()), clock=clock)
+
+
+def _build_parts(
+    settings: Settings,
+    opened: contextlib.ExitStack,
+    *,
+    clock: Callable[[], float],
+    default_state_dir: Path | None,
+) -> DaemonParts:
+    state_dir = settings.state_path(default_state_dir)
+    store = StateStore.open(state_dir) if state_dir is not None else None
+    if store is not None:
+        opened.callback(store.close)
+        _adopt_positional_names(settings, store)
+    listener = bind(settings.listen)
+    opened.callback(listener.close)
+    address = listener.getsockname()[:2]
     # The receivers and the fleet's query API share one client. Each scraped target gets
     # a client of its own, with one kept-alive connection: in one shared pool every
     # request scans every idle connection, which made 500 targets cost a core
-    # (bench/bench_daemon.py). The TLS context is built once and shared.
+    # (bench/bench_daemon.py). The TLS context is built once and shared. A client opens
+    # no connection before its first request, so a build that fails has none of theirs
+    # to close; the daemon closes them at shutdown.
     tls = ssl.create_default_context()
     client = httpx.AsyncClient(follow_redirects=False, verify=tls)
-    ready = Readiness()
-    scrapers: list[Scraper] = []
+    notifier = build_notifier(settings, client, external_url(settings, address), store)
+    scrapers = [
+        build_scraped(
+            settings,
+            t,
+            client=httpx.AsyncClient(
+                follow_redirects=False,
+                verify=tls,
+                limits=httpx.Limits(max_connections=2, max_keepalive_connections=1),
+            ),
+            notifier=notifier,
+            store=store,
+            clock=clock,
+        )
+        for t in settings.targets
+    ]
     fleet: PrometheusSource | None = None
-    notifier: Notifier | None = None
+    if settings.source == "prometheus":
+        fleet = build_fleet(settings, client=client, notifier=notifier, store=store, clock=clock)
+    elif store is not None:
+        _forget_gone_targets(settings, store, notifier, clock())
+    if store is not None:
+        # What writes itself afresh when a failing disk takes writes again.
+        store.participants.extend(s.target for s in scrapers)
+        store.participants.append(notifier)
+        store.participants.extend(notifier.deliveries)
+    ready = Readiness()
+    read_side = _endpoints(
+        settings,
+        scrapers=scrapers,
+        fleet=fleet,
+        notifier=notifier,
+        store=store,
+        ready=ready,
+        clock=clock,
+    )
+    http = HttpServer(listener, read_side)
+    opened.callback(http.stop)
+    return DaemonParts(
+        http=http,
+        store=store,
+        notifier=notifier,
+        scrapers=scrapers,
+        fleet=fleet,
+        client=client,
+        interval_seconds=settings.interval_seconds,
+        shutdown_grace_seconds=settings.shutdown_grace_seconds,
+        source=settings.source,
+        ready=ready,
+    )
+
+
+def _forget_gone_targets(
+    settings: Settings, store: StateStore, notifier: Notifier, now: float
+) -> None:
+    """Targets no longer configured: nothing will evaluate them again. (In fleet mode
+    servers are discovered as they appear, so theirs wait in the store.)"""
+    with store.batch():
+        for name in sorted(store.restored.incidents):
+            log.warning("incidents_target_gone", target=name)
+            store.save_incidents(name, ())
+        store.restored.incidents.clear()
+        notifier.resolve_gone({t.name for t in settings.targets}, now)
+
+
+def _endpoints(
+    settings: Settings,
+    *,
+    scrapers: list[Scraper],
+    fleet: PrometheusSource | None,
+    notifier: Notifier,
+    store: StateStore | None,
+    ready: Readiness,
+    clock: Callable[[], float],
+) -> Endpoints:
+    """The read side, over the parts already built: it reads their published states."""
 
     def states() -> list[TargetState]:
         if fleet is not None:
@@ -390,16 +493,13 @@ def build_daemon(
         return [s.target.state for s in scrapers]
 
     def deliveries() -> list[Delivery]:
-        return notifier.deliveries if notifier is not None else []
-
-    state_dir = settings.state_path(default_state_dir)
-    store: StateStore | None = None
+        return notifier.deliveries
 
     def store_status() -> StoreStatus | None:
         return store.status() if store is not None else None
 
     rows, interval = settings_rows(settings), settings.interval_seconds
-    endpoints = Endpoints(
+    return Endpoints(
         build_registry(states, deliveries, store=store_status, slo=slo_of(settings.slo)),
         states,
         ready,
@@ -413,48 +513,3 @@ def build_daemon(
         ),
         store=store_status,
     )
-    http = HttpServer(settings.listen, endpoints)
-    store = StateStore.open(state_dir) if state_dir is not None else None
-    if store is not None:
-        _adopt_positional_names(settings, store)
-    notifier = build_notifier(settings, client, external_url(settings, http.address), store)
-    for t in settings.targets:
-        scraper_client = httpx.AsyncClient(
-            follow_redirects=False,
-            verify=tls,
-            limits=httpx.Limits(max_connections=2, max_keepalive_connections=1),
-        )
-        scrapers.append(
-            build_scraped(
-                settings, t, client=scraper_client, notifier=notifier, store=store, clock=clock
-            )
-        )
-    if settings.source == "prometheus":
-        fleet = build_fleet(settings, client=client, notifier=notifier, store=store, clock=clock)
-    elif store is not None:
-        # Targets no longer configured: nothing will evaluate them again. (In fleet
-        # mode servers are discovered as they appear, so theirs wait in the store.)
-        with store.batch():
-            for name in sorted(store.restored.incidents):
-                log.warning("incidents_target_gone", target=name)
-                store.save_incidents(name, ())
-            store.restored.incidents.clear()
-            notifier.resolve_gone({t.name for t in settings.targets}, clock())
-    if store is not None:
-        # What writes itself afresh when a failing disk takes writes again.
-        store.participants.extend(s.target for s in scrapers)
-        store.participants.append(notifier)
-        store.participants.extend(notifier.deliveries)
-    parts = DaemonParts(
-        http=http,
-        store=store,
-        notifier=notifier,
-        scrapers=scrapers,
-        fleet=fleet,
-        client=client,
-        interval_seconds=settings.interval_seconds,
-        shutdown_grace_seconds=settings.shutdown_grace_seconds,
-        source=settings.source,
-        ready=ready,
-    )
-    return Daemon(parts, clock=clock)

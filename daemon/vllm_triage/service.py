@@ -15,7 +15,7 @@ finish (each bounded by its timeout); pending notifications are delivered until
 then is counted as failed and logged, never dropped silently; with a state store it is
 kept there and delivered at the next start.
 
-State (``state_dir``, ``daemon/vllm_triage/store.py``): opened in the constructor, before anything
+State (``state_dir``, ``daemon/vllm_triage/store.py``): opened by the build, before anything
 runs. The targets restore their incidents, the notifier its active alerts, its
 log and each receiver's undelivered notifications; the first evaluations then carry on
 as if the daemon had never stopped.
@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -77,7 +77,7 @@ def _every(
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class DaemonParts:
     """Everything the daemon runs, built by the assembly (``assemble.build_daemon``)."""
 
@@ -93,6 +93,9 @@ class DaemonParts:
     shutdown_grace_seconds: float
     source: str
     ready: Readiness
+    #: What the build opened (the store, the listener): closed last at shutdown, in the
+    #: reverse order of opening. The build hands it over once everything is built.
+    opened: contextlib.ExitStack = dataclasses.field(default_factory=contextlib.ExitStack)
 
 
 class Readiness:
@@ -251,9 +254,7 @@ class Daemon:
         await asyncio.gather(
             self._client.aclose(), *(sc.close() for sc in self.scrapers), return_exceptions=True
         )
-        self.http.stop()
-        if self.store is not None:
-            self.store.close()
+        self.parts.opened.close()
         log.info(
             "stopped",
             took_s=round(time.monotonic() - began, 2),

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.report import iso
 from vllm_triage.serve.exporter import build_registry
-from vllm_triage.serve.listener import HttpServer, split_listen
+from vllm_triage.serve.listener import HttpServer, bind, split_listen
 from vllm_triage.serve.routes import ROUTES, Endpoints
 from vllm_triage.state import TargetState, View
 
@@ -44,7 +44,7 @@ def serve(targets: list[TargetState], ready: list[bool]) -> HttpServer:
         lambda: ready[0],
         clock=lambda: NOW,
     )
-    server = HttpServer("127.0.0.1:0", endpoints)
+    server = HttpServer(bind("127.0.0.1:0"), endpoints)
     server.start()
     return server
 
@@ -218,7 +218,7 @@ class TestServer:
 
     def test_stop_without_start(self) -> None:
         """Binding happens in the constructor; stopping a server never started is fine."""
-        server = HttpServer("127.0.0.1:0", Endpoints(build_registry(list, list), list, bool))
+        server = HttpServer(bind("127.0.0.1:0"), Endpoints(build_registry(list, list), list, bool))
         assert server.address[1] > 0
         server.stop()
 

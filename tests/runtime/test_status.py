@@ -17,7 +17,7 @@ from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import TargetSettings
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.serve.exporter import build_registry
-from vllm_triage.serve.listener import HttpServer
+from vllm_triage.serve.listener import HttpServer, bind
 from vllm_triage.serve.routes import Endpoints
 from vllm_triage.serve.status import live_document
 from vllm_triage.state import ReceiverStats, TargetState
@@ -140,7 +140,7 @@ def api(kv: Target) -> Iterator[httpx.Client]:
         lambda: True,
         clock=lambda: START + 300,
     )
-    server = HttpServer("127.0.0.1:0", endpoints)
+    server = HttpServer(bind("127.0.0.1:0"), endpoints)
     server.start()
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{server.address[1]}", timeout=10) as client:

@@ -149,24 +149,32 @@ def _response(status: str, headers: list[tuple[str, str]], body: bytes, keep_ali
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-class HttpServer:
-    """Binds in the constructor (a port in use fails before anything starts)."""
+def bind(listen: str) -> socket.socket:
+    """The listening socket for ``HOST:PORT``, bound and listening (a port in use fails
+    here, before anything starts). The caller owns it: ``HttpServer.stop`` closes it, and
+    so does whoever bound it if the server is never built."""
+    host, port = split_listen(listen)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
-    def __init__(self, listen: str, app: App) -> None:
-        host, port = split_listen(listen)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, port))
-            sock.listen(LISTEN_BACKLOG)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
-        self._listener = sock
+
+class HttpServer:
+    """Serves ``app`` on a socket ``bind`` made. It owns the socket from here on, and its
+    selector and wake-up pair: ``stop`` closes them all, started or not."""
+
+    def __init__(self, listener: socket.socket, app: App) -> None:
+        self._listener = listener
         # Kept: the address is still asked for (a URL to print) once the socket is closed.
-        bound_host, bound_port = sock.getsockname()[:2]
+        bound_host, bound_port = listener.getsockname()[:2]
         self._address = (str(bound_host), int(bound_port))
         self._app = app
         self._rendered = app.rendered
