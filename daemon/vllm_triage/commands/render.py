@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -93,14 +92,9 @@ def objectives_of(settings: Settings, where: str) -> Objectives:
 def write(path: Path, text: str) -> None:
     """Replace ``path`` whole: a Prometheus or Grafana reloading meanwhile never reads a
     half-written file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from vllm_triage.atomic import write_atomically
+
+    write_atomically(path, text)
 
 
 def run(args: argparse.Namespace) -> int:

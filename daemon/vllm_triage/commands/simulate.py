@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace, scenario: Scenario) -> int:
-    from vllm_triage.recording.files import write_atomically
+    from vllm_triage.recording.files import write_scrape
 
     directory = Path(args.record)
     interval = args.interval or DEFAULT_INTERVAL_S
@@ -175,7 +175,7 @@ def _record(args: argparse.Namespace, scenario: Scenario) -> int:
             duration_s=args.duration,
             naming=args.naming,
         ):
-            write_atomically(directory, round(at * 1000), body.encode("utf-8"))
+            write_scrape(directory, round(at * 1000), body.encode("utf-8"))
             written += 1
     except OSError as exc:
         _error(f"{directory}: cannot write: {exc.strerror or exc}")

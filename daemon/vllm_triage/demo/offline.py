@@ -20,7 +20,7 @@ from vllm_triage.config.schema import Settings
 from vllm_triage.core.drive import Driver, Unusable
 from vllm_triage.core.model import Cause, Transition
 from vllm_triage.demo.expectations import Event, problems, segments
-from vllm_triage.recording.files import write_atomically
+from vllm_triage.recording.files import write_scrape
 from vllm_triage.simulator import Scenario, get_scenario, record
 
 #: The demo's order: a healthy baseline, then one scenario per cause (the hang included:
@@ -152,7 +152,7 @@ def run_scenario(
     ):
         scrapes += 1
         if record_to is not None:
-            write_atomically(record_to, round(at * 1000), body.encode())
+            write_scrape(record_to, round(at * 1000), body.encode())
         fed = driver.feed(body.encode(), at)
         if isinstance(fed, Unusable):  # the simulator writes what the parser reads
             raise fed.error

@@ -10,12 +10,12 @@ has just told you to open.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
 import yaml
 
+from vllm_triage.atomic import write_atomically
 from vllm_triage.config.schema import Settings
 
 #: What a diagnosis of a recording depends on (the daemon's own keys left out).
@@ -46,12 +46,9 @@ def folder_size(folder: Path) -> int:
 def write_diagnosis_settings(settings: Settings, path: Path) -> Path:
     """``settings``' diagnosis keys as a --config file (written whole, or not at all)."""
     doc = settings.model_dump(mode="json", include=DIAGNOSIS_KEYS, exclude_none=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(
+    return write_atomically(
+        path,
         "# The settings the live demo's daemon diagnosed this target with: give them to\n"
         "# `vllm-triage replay` or `report` (--config) to be told what its alerts said.\n"
         + yaml.safe_dump(doc, sort_keys=True),
-        encoding="utf-8",
     )
-    os.replace(tmp, path)
-    return path

@@ -7,11 +7,11 @@ recording never reads half a file.
 
 from __future__ import annotations
 
-import os
 import re
 import stat
 from pathlib import Path
 
+from vllm_triage.atomic import write_atomically
 from vllm_triage.errors import RecordingError
 
 FILE_NAME = re.compile(r"^(\d{1,16})\.prom$")
@@ -60,9 +60,6 @@ def read_scrape(path: Path, max_bytes: int = MAX_FILE_BYTES) -> bytes | str:
     return body
 
 
-def write_atomically(directory: Path, at_ms: int, body: bytes) -> Path:
-    final = directory / f"{at_ms}.prom"
-    tmp = directory / f".{at_ms}.prom.tmp"
-    tmp.write_bytes(body)
-    os.replace(tmp, final)
-    return final
+def write_scrape(directory: Path, at_ms: int, body: bytes) -> Path:
+    """One scrape's body as ``<at_ms>.prom``, written whole or not at all."""
+    return write_atomically(directory / f"{at_ms}.prom", body)

@@ -19,7 +19,7 @@ from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.errors import ParseError, ScrapeError
 from vllm_triage.net.fetch import DEFAULT_MAX_BODY_BYTES, BlockingFetcher, not_metrics_hint
 from vllm_triage.net.redact import safe_url
-from vllm_triage.recording.files import write_atomically
+from vllm_triage.recording.files import write_scrape
 
 log = structlog.get_logger("vllm_triage.record")
 
@@ -89,7 +89,7 @@ def record(
                 log.warning("scrape_failed", url=safe_url(url), err=str(exc))
             else:
                 at_ms = int(at * 1000)
-                path = write_atomically(directory, at_ms, body)
+                path = write_scrape(directory, at_ms, body)
                 stats.written += 1
                 try:
                     parser.parse_bytes(body, at)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_triage.atomic import write_atomically
 from vllm_triage.page.render import render_page
 from vllm_triage.recording.report import ReportParts, report_document
 
@@ -27,9 +27,7 @@ def write_report(
     doc = report_document(directory, parts, now=time.time() if now is None else now)
     page = render_page(doc, title=str(doc["title"]))
     path = Path(out)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomically(path, page)
     return WrittenReport(
         path=path,
         size_bytes=path.stat().st_size,

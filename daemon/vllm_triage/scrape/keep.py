@@ -20,7 +20,7 @@ from pathlib import Path
 import structlog
 
 from vllm_triage.logs import Throttle
-from vllm_triage.recording.files import MAX_FILE_BYTES, write_atomically
+from vllm_triage.recording.files import MAX_FILE_BYTES, write_scrape
 from vllm_triage.state import RecordingStats
 
 log = structlog.get_logger("vllm_triage.watcher")
@@ -69,7 +69,7 @@ class ScrapeKeeper:
             return
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            write_atomically(self.folder, round(at * 1000), body)
+            write_scrape(self.folder, round(at * 1000), body)
         except OSError as exc:
             self._failed("disk", f"cannot write into {self.folder}: {exc.strerror or exc}")
             return
