@@ -4,7 +4,7 @@
 The notifier keeps, per receiver and alert identity, what it last sent and when
 (``LastSent``); this function reads that entry, the alert's status now and ``now``, and
 says why a notification is due, or ``None``. Time is an argument, so the rules are
-tested by a table (``tests/test_dedup.py``) without a clock.
+tested by a table (``tests/core/test_dedup.py``) without a clock.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Why not ``prometheus_client.parser``: it builds an object for every sample of ev
 family (Python GC, process, HTTP middleware, dozens of vLLM families we never read) and is
 the slowest stage of an evaluation. This reader checks every line against the text
 format's grammar, but only builds values for the samples named in ``names.SAMPLES``.
-``tests/test_parse.py`` proves that it yields exactly the values prometheus_client reads
+``tests/core/test_parse.py`` proves that it yields exactly the values prometheus_client reads
 from every fixture; ``make bench`` measures the difference.
 
 What is an error and what is a problem:

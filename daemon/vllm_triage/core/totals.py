@@ -201,7 +201,7 @@ def _window_deltas(
     When every step has a plain delta for a field (no reset, no layout change, the model
     present throughout), the sum of the steps telescopes to newest minus first: one
     subtraction instead of one per step. Otherwise the steps are summed one by one, which
-    handles resets and gaps. ``tests/test_totals.py`` checks that both paths agree.
+    handles resets and gaps. ``tests/core/test_totals.py`` checks that both paths agree.
     """
     counters: dict[str, float] = {}
     hists: dict[str, Histogram] = {}
