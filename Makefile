@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 help:
 	@echo "make venv   create $(VENV) with vllm-triage (editable) and the test tools"
 	@echo "make test   run the test suite"
-	@echo "make lint   ruff and mypy --strict"
+	@echo "make lint   ruff, mypy --strict and basedpyright (every import resolved)"
 	@echo "make bench  benchmarks: the core against prometheus_client, targets per core,"
 	@echo "            memory over simulated hours, detection and delivery latency,"
 	@echo "            the state store's cost per write, peak memory under the largest scrape,"
@@ -29,6 +29,7 @@ lint: venv
 	$(BIN)/ruff check daemon tests bench
 	$(BIN)/ruff format --check daemon tests bench
 	$(BIN)/mypy
+	$(BIN)/basedpyright
 
 bench: venv
 	$(BIN)/python bench/bench_core.py

@@ -92,7 +92,7 @@ def _serve(port_out: Any, stop: Any) -> None:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *args: object) -> None:
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
     ThreadingHTTPServer.request_queue_size = 1024
@@ -349,7 +349,9 @@ def bench_delivery(n: int = 200) -> dict[str, float]:
 
         async def go() -> list[float]:
             async with httpx.AsyncClient() as client:
-                hook = ReceiverSettings(type="alertmanager_webhook", url=rx.url)
+                hook = ReceiverSettings.model_validate(
+                    {"type": "alertmanager_webhook", "url": rx.url}
+                )
                 d = Delivery(build_receiver("bench", hook, "http://127.0.0.1:9468"), client)
                 worker = asyncio.create_task(d.run())
                 sent = []

@@ -47,7 +47,7 @@ except ImportError:  # PyYAML built without libyaml
 _QUOTED_NAME = re.compile(r"'[^']{4,}'")
 
 
-class BoundedLoader(_FastLoader):
+class BoundedLoader(_FastLoader):  # pyright: ignore[reportGeneralTypeIssues]
     """A safe YAML loader (libyaml's, when PyYAML has it: a megabyte of YAML takes the
     pure-Python loader most of a minute) that refuses alias bombs and recursive aliases
     before anything is built from the document."""

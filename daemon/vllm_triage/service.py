@@ -35,6 +35,7 @@ import httpx
 import structlog
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.util import undefined
 
 from vllm_triage import __version__
 from vllm_triage.fleet.source import PrometheusSource
@@ -63,8 +64,8 @@ def _every(
     they equal APScheduler's defaults: never two runs of one job at once (the tick that
     would overlap is skipped and counted), one catch-up run after a late loop rather
     than a burst, and a missed tick forgiven for about one interval."""
-    # APScheduler reads ``next_run_time=None`` as "paused": pass it only when given.
-    start: dict[str, datetime] = {} if first is None else {"next_run_time": first}
+    # APScheduler reads ``next_run_time=None`` as "paused": its own "not given" is
+    # ``undefined`` (then the first run is one interval from now).
     scheduler.add_job(
         func,
         "interval",
@@ -73,7 +74,7 @@ def _every(
         max_instances=1,
         coalesce=True,
         misfire_grace_time=max(1, int(seconds)),
-        **start,
+        next_run_time=undefined if first is None else first,
     )
 
 

@@ -85,7 +85,7 @@ async def drain(
 def no_jitter(d: Delivery) -> None:
     """A fixed 0.02 s backoff instead of tenacity's jittered one (the jitter alone is up to
     1 s, capped by retry_max_seconds), so that the gaps between attempts are predictable."""
-    d._wait = wait_fixed(0.02)
+    d._wait = wait_fixed(0.02)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 class TestInOrder:

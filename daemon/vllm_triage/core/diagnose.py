@@ -60,7 +60,7 @@ def _contributing(
     f: Facts,
     rules: Rulebook,
 ) -> tuple[Contribution, ...]:
-    others = [c for c in present if c != primary]
+    others: list[Cause] = [c for c in present if c != primary]
     total = confidence[primary] + sum(confidence[c] for c in others)
     return tuple(
         Contribution(
@@ -122,14 +122,16 @@ def diagnose(s: Signals, rules: Rulebook, *, keep: Cause | None = None) -> Diagn
         )
     th = rules.thresholds
     checks = {cause: checks_of(cause, f, th) for cause in SYMPTOM_CAUSES}
-    candidates = [cause for cause in SYMPTOM_CAUSES if checks[cause][0]]
+    candidates: list[Cause] = [cause for cause in SYMPTOM_CAUSES if checks[cause][0]]
     if not candidates:
         # Every breach maps to a cause above; this only guards against a future symptom
         # without one. Fall back on the symptom itself rather than staying silent.
         candidates = ["decode_bound" if f.itl_breach else "queue_bound"]
-    present = [c for c in SYMPTOM_CAUSES if c in candidates or is_present(c, f, checks[c], rules)]
+    present: list[Cause] = [
+        c for c in SYMPTOM_CAUSES if c in candidates or is_present(c, f, checks[c], rules)
+    ]
     cause = keep if keep in present and keep in SYMPTOM_CAUSES else candidates[0]
-    confidence = {c: confidence_of(checks[c]) for c in present}
+    confidence: dict[Cause, float] = {c: confidence_of(checks[c]) for c in present}
     summary, limit = prose.summary(cause, s, f, rules)
     evidence = evidence_of(s, f, rules)
     evidence["breaches"] = ",".join(breaches)

@@ -319,10 +319,11 @@ class SnapshotParser:
                 labels = self._label_set(section, lineno)
                 key = (line[:brace], section)
             else:
+                # ``space`` was found above on this same branch (no brace on the line).
                 section = ""
-                rest = line[space:] if space >= 0 else ""
+                rest = line[space:] if space >= 0 else ""  # pyright: ignore[reportPossiblyUnboundVariable]
                 labels = {}
-                key = (line if space < 0 else line[:space], "")
+                key = (line if space < 0 else line[:space], "")  # pyright: ignore[reportPossiblyUnboundVariable]
             parts = rest.split()
             if not parts or len(parts) > 2 or rest[:1] not in (" ", "\t"):
                 raise ParseError(f"expected a value after the series: {line[:120]!r}", line=lineno)

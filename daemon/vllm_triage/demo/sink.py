@@ -15,7 +15,7 @@ class _Server(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+    server: _Server  # pyright: ignore[reportIncompatibleVariableOverride]
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)

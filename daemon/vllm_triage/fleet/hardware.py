@@ -110,6 +110,7 @@ class HardwareResolver:
         self._table = dict(models)
         # Bounded: the keys come from what the fleet's labels and DCGM say, which a peer
         # controls (a card name that changes every tick must not grow memory for ever).
+        # The settings sections are frozen pydantic models: hashable, so cache keys.
         self._rulebook = functools.lru_cache(maxsize=CACHED_RULEBOOKS)(factory.rulebook)
         self._provenanced = functools.lru_cache(maxsize=CACHED_RULEBOOKS)(self._with_provenance)
         self._unknown_card = functools.lru_cache(maxsize=CACHED_RULEBOOKS)(_log_unknown_card)
@@ -144,7 +145,8 @@ class HardwareResolver:
         model, model_from = self._model(rule, model_name)
         # The top-level model may leave facts to the bundled table, by the served name.
         served = model_name if model_from == "settings" else ""
-        return self._provenanced(hw, model, tuple(sorted(hw_from.items())), model_from, served)
+        provenance = tuple(sorted(hw_from.items()))
+        return self._provenanced(hw, model, provenance, model_from, served)  # pyright: ignore[reportArgumentType]
 
     def _with_provenance(
         self,
@@ -156,7 +158,7 @@ class HardwareResolver:
     ) -> Rulebook:
         rules = self._factory.table_rulebook(hw, model, served) if served else None
         if rules is None:
-            rules = self._rulebook(hw, model)
+            rules = self._rulebook(hw, model)  # pyright: ignore[reportArgumentType]
         provenance = dict(hw_from) | {"model_source": model_from} | dict(rules.provenance)
         return dataclasses.replace(rules, provenance=provenance)
 

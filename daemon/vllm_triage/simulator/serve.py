@@ -117,7 +117,7 @@ class _Handler(BaseHTTPRequestHandler):
     """``GET /metrics`` and ``GET /health`` as vLLM answers them; 404 elsewhere, 405 for
     other methods (a scraper that POSTs is misconfigured and should hear so)."""
 
-    server: _Server
+    server: _Server  # pyright: ignore[reportIncompatibleVariableOverride]
     server_version = "vllm-triage-simulate"
 
     def do_GET(self) -> None:

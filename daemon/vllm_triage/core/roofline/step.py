@@ -333,8 +333,11 @@ def terms_by_weight(r: StepRoofline) -> tuple[Term, ...]:
         (r.kv_bytes or 0.0, "kv"),
         (r.draft_bytes or 0.0, "draft"),
     ]
-    memory = tuple(term for size, term in sorted(sized, key=lambda p: -p[0]) if size > 0)
-    return ("compute", *memory) if r.bound_by == "compute" else memory
+    memory: tuple[Term, ...] = tuple(
+        term for size, term in sorted(sized, key=lambda p: -p[0]) if size > 0
+    )
+    first: tuple[Term, ...] = ("compute",) if r.bound_by == "compute" else ()
+    return (*first, *memory)
 
 
 def evidence(r: StepRoofline) -> dict[str, EvidenceValue]:
