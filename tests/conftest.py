@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from support.captures import VLLM_FIXTURES
+from support.paths import TESTS
 
 # The suite is hermetic: a VLLM_TRIAGE_* variable in the caller's shell would change the
 # settings every test builds (and an unknown one makes load_settings refuse to start), so
@@ -49,9 +50,9 @@ def own_state_home(
     return home
 
 
-#: The folders whose files run longest (whole-product runs, the installed command in
-#: subprocesses, long simulations), first.
-FIRST = ("system", "commands", "core", "simulator")
+#: The folders (under tests/) whose files run longest (whole-product runs, long
+#: simulations, the installed command in subprocesses), first.
+FIRST = ("system", "diagnosis", "commands", "simulator")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -59,7 +60,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     long file collected last would run alone at the end while the other workers idle."""
 
     def rank(item: pytest.Item) -> int:
-        folder = item.path.parent.name
+        folder = item.path.relative_to(TESTS).parts[0]
         return FIRST.index(folder) if folder in FIRST else len(FIRST)
 
     items.sort(key=rank)

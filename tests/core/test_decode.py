@@ -9,13 +9,12 @@ from typing import Any
 
 import pytest
 
-from vllm_triage.assemble import build_rulebook
 from vllm_triage.core.diagnose import diagnose
-from vllm_triage.core.rulebook import Roofline, Rulebook
+from vllm_triage.core.rulebook import Rulebook
 
-from support.diagnosis import A10G_70B, SETTINGS, q, rules, signals
-
-SETTINGS_THRESHOLDS = build_rulebook(SETTINGS).thresholds
+from support.diagnosis import q, rules, signals
+from support.physics import A10G_70B, H100_BANDWIDTH, LLAMA_8B_ON_H100, LLAMA_8B_WEIGHT_BYTES
+from support.rulebooks import default_rulebook
 
 
 class TestDecodeCeiling:
@@ -58,26 +57,15 @@ class TestDecodeCeiling:
         assert d.evidence["decode_limit"] == "unknown"
 
 
-#: Llama-3.1-8B at bf16 on an H100 with its KV layout: the roofline's facts.
-H100_8B = Roofline(
-    gpu="NVIDIA H100 SXM",
-    memory_bandwidth_gb_s=3350,
-    weight_bytes=16.06e9,
-    compute_tflops=989.4,
-    active_parameters=8.03e9,
-    kv_bytes_per_token=131072,
-    kv_split=8,
-)
-
-
 def roofline_rules() -> Rulebook:
-    return dataclasses.replace(build_rulebook(SETTINGS), roofline=H100_8B)
+    """Llama-3.1-8B at bf16 on an H100 with its KV layout: the roofline's facts."""
+    return dataclasses.replace(default_rulebook(), roofline=LLAMA_8B_ON_H100)
 
 
 #: 150 streams holding 40 % of a 400,000-token pool: 16.06 GB of weights and 20.97 GB
 #: of KV a step, an 11.05 ms floor on an H100 (3.35 TB/s).
 BATCH = dict(itl_p99=q(0.3), running_mean=150.0, kv_usage_mean=0.4, kv_pool_tokens=400_000)
-FLOOR_S = (16.06e9 + 160_000 * 131072) / 3350e9
+FLOOR_S = (LLAMA_8B_WEIGHT_BYTES + 160_000 * 131072) / H100_BANDWIDTH
 #: 32 streams in a nearly empty pool while prompts pour in at 50,000 tokens/s: each step
 #: carries so many prefill tokens that compute, not memory, sets its floor.
 COMPUTE_BOUND: dict[str, Any] = dict(
@@ -137,7 +125,8 @@ class TestDecodeRoofline:
 
     def test_unknown_kv_is_named_in_the_summary(self) -> None:
         rules = dataclasses.replace(
-            roofline_rules(), roofline=dataclasses.replace(H100_8B, kv_bytes_per_token=None)
+            roofline_rules(),
+            roofline=dataclasses.replace(LLAMA_8B_ON_H100, kv_bytes_per_token=None),
         )
         d = diagnose(signals(**BATCH, itl_mean=FLOOR_S * 1.1), rules)
         assert "left out: KV reads" in d.summary
@@ -209,7 +198,7 @@ class TestMeasuredMemoryActivity:
     def test_the_threshold_is_the_settings(self) -> None:
         strict = dataclasses.replace(
             roofline_rules(),
-            thresholds=dataclasses.replace(SETTINGS_THRESHOLDS, dram_active_busy=0.9),
+            thresholds=dataclasses.replace(default_rulebook().thresholds, dram_active_busy=0.9),
         )
         d = diagnose(signals(**BATCH, itl_mean=FLOOR_S * 4, dram_active_mean=0.75), strict)
         assert d.evidence["decode_limit"] == "serving_stack"

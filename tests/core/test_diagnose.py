@@ -12,7 +12,8 @@ import pytest
 
 from vllm_triage.core.diagnose import diagnose
 
-from support.diagnosis import A10G_70B, KV_FULL_PREEMPTING, q, rules, signals
+from support.diagnosis import KV_FULL_PREEMPTING, q, rules, signals
+from support.physics import A10G_70B
 
 # Each case: the signals of one situation, the cause it must get, and why.
 CASES = [

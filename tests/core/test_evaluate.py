@@ -1,23 +1,20 @@
-"""Tests for daemon/vllm_triage/core/evaluate.py and daemon/vllm_triage/assemble.py: the core's
-entry point, per target."""
+"""Tests for daemon/vllm_triage/core/evaluate.py: the core's entry point, per target (how the
+settings become its rulebook and counts: tests/runtime/config/test_rulebook.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
-from vllm_triage.assemble import build_evaluator, build_rulebook, ceiling
-from vllm_triage.config.load import load_settings
 from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.evaluate import Evaluator
 from vllm_triage.core.incidents import State, TrackRecord
 from vllm_triage.core.model import ModelSeries, Snapshot
-from vllm_triage.errors import ConfigError
 
-from support.diagnosis import A10G_70B, q, rules, signals
-from support.paths import CONFIGS
+from support.diagnosis import q, rules, signals
+from support.physics import A10G_70B
+from support.rulebooks import default_evaluator, default_rulebook
 from support.snapshots import hist
 
 
@@ -36,7 +33,7 @@ def two_models(at: float, waiting_a: float, total_b: float) -> Snapshot:
 class TestEvaluator:
     def test_models_are_diagnosed_apart(self) -> None:
         """Two models on one target: one queues, the other is healthy; only one fires."""
-        ev = build_evaluator(load_settings())
+        ev = default_evaluator()
         fired = []
         for i in range(6):
             fired += ev.step(two_models(i * 5.0, waiting_a=10.0, total_b=0.0)).transitions
@@ -44,126 +41,16 @@ class TestEvaluator:
 
     def test_out_of_order_snapshot_is_not_evaluated(self) -> None:
         """A snapshot older than the last one is refused and changes nothing."""
-        ev = build_evaluator(load_settings())
+        ev = default_evaluator()
         assert ev.step(two_models(10.0, 0.0, 0.0)).accepted
         late = ev.step(two_models(5.0, 50.0, 0.0))
         assert not late.accepted and late.diagnoses == {}
 
     def test_problems_pass_through(self) -> None:
         """A snapshot's problems are handed on with its evaluation, for the shell to log."""
-        ev = build_evaluator(load_settings())
+        ev = default_evaluator()
         snap = Snapshot(at=1.0, era="v1", prefix="vllm:", models={}, problems=("x: left out",))
         assert ev.step(snap).problems == ("x: left out",)
-
-    def test_settings_reach_the_core(self, tmp_path: Path) -> None:
-        """Window and incident counts from the settings are the ones the core uses."""
-        cfg = tmp_path / "t.yaml"
-        cfg.write_text("window_seconds: 30\nincident:\n  open_after: 1\n")
-        ev = build_evaluator(load_settings(cfg))
-        assert isinstance(ev, Evaluator)
-        assert ev.window.seconds == 30 and ev.incidents.open_after == 1
-
-
-class TestRulebook:
-    def write(self, tmp_path: Path, text: str) -> Path:
-        cfg = tmp_path / "t.yaml"
-        cfg.write_text(text)
-        return cfg
-
-    def test_no_hardware_no_ceiling(self) -> None:
-        """Without hardware and model settings there is no ceiling, and no error."""
-        assert build_rulebook(load_settings()).ceiling is None
-
-    def test_tensor_parallel_scales_the_ceiling(self, tmp_path: Path) -> None:
-        """Two GPUs each read half the weights: twice the ceiling."""
-        one = ceiling(
-            load_settings(
-                self.write(tmp_path, "hardware: {gpu: h100}\nmodel: {parameters_billion: 8}\n")
-            )
-        )
-        tp2 = "hardware: {gpu: h100, tensor_parallel_size: 2}\nmodel: {parameters_billion: 8}\n"
-        two = ceiling(load_settings(self.write(tmp_path, tp2)))
-        assert one is not None and two is not None
-        assert one.tokens_per_second == pytest.approx(3350 / 16)
-        assert two.tokens_per_second == pytest.approx(2 * one.tokens_per_second)
-        assert two.gpu.startswith("2x ")
-
-    def test_bandwidth_without_a_name(self, tmp_path: Path) -> None:
-        """A bare bandwidth works where the GPU is not in the table."""
-        text = (
-            "hardware: {memory_bandwidth_gb_s: 1000}\nmodel: {parameters_billion: 10, dtype: fp8}\n"
-        )
-        c = ceiling(load_settings(self.write(tmp_path, text)))
-        assert c is not None and c.tokens_per_second == pytest.approx(100.0)
-
-    def test_config_json_beside_the_settings(self, tmp_path: Path) -> None:
-        """model.config_json relative to the settings file is found and sized."""
-        (tmp_path / "config.json").write_text((CONFIGS / "llama-3.1-8b.json").read_text())
-        c = ceiling(
-            load_settings(
-                self.write(tmp_path, "hardware: {gpu: a10g}\nmodel: {config_json: config.json}\n")
-            )
-        )
-        assert (
-            c is not None and 35 < c.tokens_per_second < 45
-        )  # 600 GB/s over ~15 GB read per token
-
-    def test_roofline_from_a_config_json(self, tmp_path: Path) -> None:
-        """A config.json gives the roofline every term: routed experts apart, active
-        parameters, attention, KV bytes and heads; the card's compute from the table."""
-        cfg = f"hardware: {{gpu: h100}}\nmodel: {{config_json: {CONFIGS / 'qwen3-30b-a3b.json'}}}\n"
-        r = build_rulebook(load_settings(self.write(tmp_path, cfg))).roofline
-        assert r is not None
-        assert r.gpu == "NVIDIA H100 SXM" and r.compute_tflops == 989.4
-        assert (r.num_experts, r.experts_per_token, r.kv_split) == (128, 8, 4)
-        assert r.routed_expert_bytes == pytest.approx(48 * 128 * 3 * 2048 * 768 * 2)
-        assert r.kv_bytes_per_token == 98304
-        assert r.active_parameters is not None and 2.9e9 < r.active_parameters < 3.2e9
-        assert r.draft_weight_bytes is None
-
-    def test_roofline_hand_settings_replace_the_sized_ones(self, tmp_path: Path) -> None:
-        text = (
-            "hardware: {gpu: h100, compute_tflops: 500, tensor_parallel_size: 2}\n"
-            "model: {parameters_billion: 8, dtype: bf16, kv_bytes_per_token: 65536,"
-            " active_parameters_billion: 7, draft_parameters_billion: 1, draft_dtype: fp8,"
-            " draft_kv_bytes_per_token: 32768}\n"
-        )
-        r = build_rulebook(load_settings(self.write(tmp_path, text))).roofline
-        assert r is not None
-        assert (r.compute_tflops, r.tensor_parallel_size, r.gpu) == (500, 2, "2x NVIDIA H100 SXM")
-        assert r.weight_bytes == 16e9 and r.kv_bytes_per_token == 65536
-        assert r.active_parameters == pytest.approx(7e9)
-        assert r.draft_weight_bytes == pytest.approx(1e9) and r.draft_parameters == 1e9
-        assert r.draft_kv_bytes_per_token == 32768
-        assert r.kv_split is None  # a parameter count says nothing of the KV heads
-
-    def test_parameter_count_alone_leaves_kv_unknown(self, tmp_path: Path) -> None:
-        text = "hardware: {gpu: h100}\nmodel: {parameters_billion: 8}\n"
-        r = build_rulebook(load_settings(self.write(tmp_path, text))).roofline
-        assert r is not None and r.kv_bytes_per_token is None
-        assert r.active_parameters == pytest.approx(8e9)
-
-    def test_bad_draft_dtype_is_named(self, tmp_path: Path) -> None:
-        text = (
-            "hardware: {gpu: h100}\n"
-            "model: {parameters_billion: 8, draft_parameters_billion: 1, draft_dtype: fp7}\n"
-        )
-        with pytest.raises(ConfigError, match=r"model\.draft_dtype: unknown dtype 'fp7'"):
-            build_rulebook(load_settings(self.write(tmp_path, text)))
-
-    def test_decode_remediation_by_term(self) -> None:
-        texts = build_rulebook(load_settings()).decode_remediation
-        assert set(texts) == {"weights", "kv", "draft", "compute", "serving_stack", "settings"}
-        assert all(texts.values())
-
-    def test_missing_config_json(self, tmp_path: Path) -> None:
-        """A config.json that is not there is a ConfigError naming it."""
-        with pytest.raises(ConfigError, match=r"nope\.json"):
-            build_rulebook(
-                load_settings(
-                    self.write(tmp_path, "hardware: {gpu: a10g}\nmodel: {config_json: nope.json}\n")
-                )
-            )
 
 
 def no_data(at: float) -> Snapshot:
@@ -180,7 +67,7 @@ class TestRestore:
     def test_a_young_window_does_not_resolve_a_restored_incident(self) -> None:
         """After a restart the window is empty: evaluations without data in the first
         window do not end the incident; after it, resolve_after clear ones do."""
-        ev = Evaluator(build_rulebook(load_settings()), window_seconds=60, resolve_after=3)
+        ev = Evaluator(default_rulebook(), window_seconds=60, resolve_after=3)
         ev.restore((FIRING_A,))
         resolved = [
             (at, t.event)
@@ -190,7 +77,7 @@ class TestRestore:
         # Held for 60 s (to 1060), then three clear evaluations: 1060, 1065, 1070.
         assert resolved == [(1070, "resolved")]
         # Without the hold the first three empty evaluations would have ended it.
-        plain = Evaluator(build_rulebook(load_settings()), window_seconds=60, resolve_after=3)
+        plain = Evaluator(default_rulebook(), window_seconds=60, resolve_after=3)
         plain.incidents.restore((FIRING_A,))
         ends = [at for at in (0.0, 5.0, 10.0) for _ in plain.step(no_data(at)).transitions]
         assert ends == [10.0]
@@ -198,7 +85,7 @@ class TestRestore:
     def test_a_breach_counts_at_once_after_a_restore(self) -> None:
         """The hold is only against "not enough data": a breach right after the restart
         keeps a resolving incident firing, as it would have without the restart."""
-        ev = Evaluator(build_rulebook(load_settings()), window_seconds=60, resolve_after=3)
+        ev = Evaluator(default_rulebook(), window_seconds=60, resolve_after=3)
         ev.restore(
             (
                 TrackRecord(
@@ -245,7 +132,7 @@ class TestStalls:
         """Tokens stop at 100 s with 8 requests running and 2 waiting (a queue frozen in the
         gauges, which alone would be queue_bound): stalled fires at 130 s, the default
         stall_after_seconds, and nothing else; it resolves once tokens flow again."""
-        ev = build_evaluator(load_settings())
+        ev = default_evaluator()
         flowing = [engine(t, t * 50) for t in range(0, 100, 5)]
         hung = [engine(t, 5000, waiting=2.0) for t in range(100, 200, 5)]
         resumed = [engine(t, 5000 + (t - 200) * 50) for t in range(200, 300, 5)]
@@ -262,12 +149,7 @@ class TestStalls:
         evaluations, the alert would come open_after of those gaps late; it fires at the
         first scrape 30 s (stall_after_seconds) after the last progress, whatever
         open_after is, and not one scrape earlier."""
-        settings = load_settings().model_copy(
-            update={
-                "incident": load_settings().incident.model_copy(update={"open_after": open_after})
-            }
-        )
-        ev = build_evaluator(settings)
+        ev = default_evaluator(open_after=open_after)
         flowing = [engine(float(t), t * 50.0) for t in range(0, 101)]
         times = [101.0, 102.0, 105.5, 109.0, 112.4, 116.0, 119.7, 123.1, 126.6, 129.9, 133.4]
         hung = [engine(t, 5000.0, waiting=2.0) for t in [*times, 137.0, 140.5]]
@@ -277,7 +159,7 @@ class TestStalls:
         """A queue is firing when the engine hangs: the frozen stretch gives no verdict, so
         the queue's incident does not "resolve" as the hang begins; the stall takes its
         place as a changed cause."""
-        ev = build_evaluator(load_settings())
+        ev = default_evaluator()
         queued = [engine(t, t * 50, waiting=5.0) for t in range(0, 100, 5)]
         hung = [engine(t, 5000, waiting=5.0) for t in range(100, 200, 5)]
         assert run(ev, queued + hung) == [
@@ -290,7 +172,7 @@ class TestStalls:
     def test_a_restart_is_not_a_stall(self) -> None:
         """Killed at 100 s, back at 300 s (no scrapes between), counters from zero and
         requests arriving: nothing fires."""
-        ev = build_evaluator(load_settings())
+        ev = default_evaluator()
         before = [engine(t, t * 50) for t in range(0, 100, 5)]
         after = [engine(t, (t - 300) * 50) for t in range(300, 400, 5)]
         assert run(ev, before + after) == []
@@ -298,14 +180,14 @@ class TestStalls:
     def test_a_gap_with_frozen_counters_is_not_counted(self) -> None:
         """Scrapes stop for five minutes (the daemon was paused) on a server whose counters
         have not moved since: the gap is not time without progress."""
-        ev = build_evaluator(load_settings())
+        ev = default_evaluator()
         snaps = [engine(t, 5000) for t in (0, 5, 10)] + [engine(t, 5000) for t in (310, 315)]
         assert run(ev, snaps) == []
         p = ev.step(engine(320, 5000)).signals["m"].progress
         assert p is not None and p.seconds_without_progress == 10.0
 
     def test_an_idle_server_is_not_stalled(self) -> None:
-        ev = build_evaluator(load_settings())
+        ev = default_evaluator()
         assert run(ev, [engine(t, 5000, running=0.0) for t in range(0, 600, 5)]) == []
 
 
@@ -315,8 +197,8 @@ class TestJudge:
 
     def test_same_transitions_as_step(self) -> None:
         """Fed the signals its own window gives, judge makes step's transitions."""
-        stepped = build_evaluator(load_settings())
-        judged = build_evaluator(load_settings())
+        stepped = default_evaluator()
+        judged = default_evaluator()
         for i in range(8):
             at = i * 5.0
             e = stepped.step(two_models(at, waiting_a=10.0 if i < 5 else 0.0, total_b=0.0))
@@ -326,25 +208,23 @@ class TestJudge:
         assert judged.incidents.export() == stepped.incidents.export()
 
     def test_a_time_not_after_the_last_is_refused(self) -> None:
-        ev = build_evaluator(load_settings())
+        ev = default_evaluator()
         signals = ev.step(two_models(10.0, 0.0, 0.0)).signals
         assert ev.judge(15.0, signals).accepted
         late = ev.judge(15.0, signals, problems=("x",))
         assert not late.accepted and late.diagnoses == {} and late.problems == ("x",)
 
-    def test_each_model_its_own_rulebook_and_provenance(self, tmp_path: Path) -> None:
+    def test_each_model_its_own_rulebook_and_provenance(self) -> None:
         """A model's rulebook (its card, its model) is used for it alone, and where its
         facts came from joins its evidence."""
-        cfg = tmp_path / "t.yaml"
-        cfg.write_text("hardware: {gpu: l4}\nmodel: {parameters_billion: 8}\n")
         own = dataclasses.replace(
-            build_rulebook(load_settings(cfg)),
-            provenance={"gpu_source": "dcgm (NVIDIA L4)", "model_source": "model table"},
+            rules(A10G_70B),
+            provenance={"gpu_source": "dcgm (NVIDIA A10G)", "model_source": "model table"},
         )
-        ev = build_evaluator(load_settings())
-        signals = build_evaluator(load_settings()).step(two_models(0.0, 0.0, 0.0)).signals
+        ev = default_evaluator()
+        signals = default_evaluator().step(two_models(0.0, 0.0, 0.0)).signals
         j = ev.judge(0.0, signals, {"a": own})
-        assert j.diagnoses["a"].evidence["gpu_source"] == "dcgm (NVIDIA L4)"
+        assert j.diagnoses["a"].evidence["gpu_source"] == "dcgm (NVIDIA A10G)"
         assert j.diagnoses["a"].evidence["model_source"] == "model table"
         assert "gpu_source" not in j.diagnoses["b"].evidence
 
@@ -357,7 +237,7 @@ class TestMeasurements:
         """Every numeric evidence key (not text, not a flag) is measured as the evidence
         says it, and the charted signals nobody names in evidence join them."""
         queued = signals(waiting_mean=6.0, ttft_p50=q(2.0, 0.5), running_max=5.0)
-        e = build_evaluator(load_settings()).judge(100.0, {"m": queued}, {"m": rules(A10G_70B)})
+        e = default_evaluator().judge(100.0, {"m": queued}, {"m": rules(A10G_70B)})
         d, measured = e.diagnoses["m"], e.measurements["m"]
         assert d.breached and d.cause not in (None, "stalled")
         numeric = {
@@ -373,7 +253,7 @@ class TestMeasurements:
         """Healthy, the diagnosis names no KV headroom, queue share or decode ceiling; the
         evaluation measures them all the same, as a breached one would say them."""
         decoding = signals(decode_tokens_per_second_per_stream=4.0)  # 93 % of the ceiling
-        e = build_evaluator(load_settings()).judge(100.0, {"m": decoding}, {"m": rules(A10G_70B)})
+        e = default_evaluator().judge(100.0, {"m": decoding}, {"m": rules(A10G_70B)})
         d, measured = e.diagnoses["m"], e.measurements["m"]
         assert not d.breached
         derived = (
@@ -397,7 +277,7 @@ class TestMeasurements:
         """No pool size, no queue times, no hardware: no headroom, share or ceiling, and
         never a 0 in their place."""
         bare = signals(kv_pool_tokens=None, queue_time_count=0.0)
-        e = build_evaluator(load_settings()).judge(100.0, {"m": bare})
+        e = default_evaluator().judge(100.0, {"m": bare})
         measured = e.measurements["m"]
         assert "kv_headroom_requests" not in measured
         assert "queue_share_of_ttft" not in measured
@@ -405,6 +285,6 @@ class TestMeasurements:
         assert measured["requests_running_mean"] == 4.0
 
     def test_an_out_of_order_evaluation_measures_nothing(self) -> None:
-        ev = build_evaluator(load_settings())
+        ev = default_evaluator()
         ev.judge(100.0, {"m": signals()})
         assert ev.judge(100.0, {"m": signals()}).measurements == {}

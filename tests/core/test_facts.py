@@ -11,9 +11,9 @@ import pytest
 from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.facts import measurements
 from vllm_triage.core.model import Quantile, Signals
-from vllm_triage.core.rulebook import Ceiling
 
 from support.diagnosis import KV_FULL_PREEMPTING, q, rules, signals
+from support.physics import LLAMA_8B_H100_CEILING
 
 
 class TestEvidence:
@@ -130,14 +130,7 @@ class TestMeasurements:
         assert "decode_limit" not in values and "x" not in values
 
     def test_ceiling_ratio_at_every_evaluation(self) -> None:
-        h100 = rules(
-            Ceiling(
-                gpu="H100",
-                memory_bandwidth_gb_s=3350,
-                weight_bytes_per_token=16e9,
-                tokens_per_second=200.0,
-            )
-        )
+        h100 = rules(LLAMA_8B_H100_CEILING)
         s = bare(decode_tokens_per_second_per_stream=150.0)
         values = measurements(s, diagnose(s, h100), h100)
-        assert values["decode_ceiling_ratio"] == pytest.approx(0.75)
+        assert values["decode_ceiling_ratio"] == pytest.approx(150.0 / 208.6, rel=1e-3)

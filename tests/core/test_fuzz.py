@@ -14,19 +14,17 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_triage.assemble import build_evaluator
-from vllm_triage.config.load import load_settings
 from vllm_triage.core.model import Signals
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.core.totals import Window
 from vllm_triage.errors import ParseError
 
 from support.paths import VLLM_CAPTURES
+from support.rulebooks import default_evaluator
 from support.snapshots import hist, snap
 
 FIXTURE = (VLLM_CAPTURES / "kvwarden-vllm-0.19.1-v1.txt").read_text()
 LINES = FIXTURE.splitlines()
-SETTINGS = load_settings()
 
 # Edits a broken exporter, a proxy or a flaky network could make to a real payload.
 values = st.one_of(
@@ -88,7 +86,7 @@ def test_mutated_real_payloads_never_break_the_core(
     ParseError, and the evaluator takes every parsed one without raising, with signals
     that stay in range."""
     parser = SnapshotParser()
-    evaluator = build_evaluator(SETTINGS)
+    evaluator = default_evaluator()
     for n, edits in enumerate(scrapes):
         try:
             snapshot = parser.parse(mutate(edits), at=5.0 * n)

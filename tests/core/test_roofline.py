@@ -27,18 +27,12 @@ from vllm_triage.core.roofline.step import (
 )
 from vllm_triage.core.rulebook import Ceiling, Roofline
 
-H100 = 3350e9  # bytes/s
-H100_BF16 = 989.4e12  # FLOP/s
+from support.physics import H100_BANDWIDTH, H100_BF16_FLOPS, LLAMA_8B_ON_H100
+
+H100 = H100_BANDWIDTH  # bytes/s
+H100_BF16 = H100_BF16_FLOPS  # FLOP/s
 #: Llama-3.1-8B at bf16 described by its parameter count: every weight read per step.
-DENSE_8B = Roofline(
-    gpu="NVIDIA H100 SXM",
-    memory_bandwidth_gb_s=3350,
-    weight_bytes=16.06e9,
-    compute_tflops=989.4,
-    active_parameters=8.03e9,
-    kv_bytes_per_token=131072,
-    kv_split=8,
-)
+DENSE_8B = LLAMA_8B_ON_H100
 ITERATION_BOUNDS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, math.inf)
 
 

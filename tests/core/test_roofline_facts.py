@@ -6,38 +6,37 @@ counters with the arithmetic cross-checking them, and ``decode_facts_source``.""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from vllm_triage.assemble import build_evaluator
-from vllm_triage.config.load import load_settings
 from vllm_triage.core.model import CacheConfig, Histogram, Signals
-from vllm_triage.core.parse import SnapshotParser, parse_snapshot
+from vllm_triage.core.parse import parse_snapshot
 from vllm_triage.core.roofline import sources
 from vllm_triage.core.roofline.step import StepRoofline, evidence, step_roofline
 from vllm_triage.core.rulebook import Roofline, Source
-from vllm_triage.simulator import Phase, Scenario, Simulation, Workload, server_spec
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-RECORDED = sorted((FIXTURES / "recordings" / "decode").glob("*.prom"))[0]
-KVWARDEN = FIXTURES / "vllm" / "kvwarden-vllm-0.19.1-v1.txt"
-H100 = 3350e9
+from support.paths import RECORDINGS, VLLM_CAPTURES
+from support.physics import (
+    H100_ALONE,
+    H100_BANDWIDTH,
+    LLAMA_8B_ON_H100,
+    LLAMA_8B_WEIGHT_BYTES,
+)
 
-#: Llama-3.1-8B on an H100, its KV figure the model's own 16-bit one (a model row).
-ROW = Roofline(
-    gpu="NVIDIA H100 SXM",
-    memory_bandwidth_gb_s=3350,
+RECORDED = sorted((RECORDINGS / "decode").glob("*.prom"))[0]
+KVWARDEN = VLLM_CAPTURES / "kvwarden-vllm-0.19.1-v1.txt"
+H100 = H100_BANDWIDTH
+
+#: Llama-3.1-8B on an H100 as the model table gives it: the weights a token reads (15.0 GB,
+#: not the input table) and multiplies through, its KV figure the model's own 16-bit one.
+ROW = dataclasses.replace(
+    LLAMA_8B_ON_H100,
     weight_bytes=15.0e9,
-    compute_tflops=989.4,
     active_parameters=7.5e9,
-    kv_bytes_per_token=131072,
-    kv_split=8,
     kv_in_model_dtype=True,
     memory_gb=80,
-    resident_weight_bytes=16.06e9,
+    resident_weight_bytes=LLAMA_8B_WEIGHT_BYTES,
     sources={
         "bandwidth": Source("gpu table", "NVIDIA H100 SXM"),
         "weights": Source("model table", "meta-llama/Llama-3.1-8B-Instruct"),
@@ -207,7 +206,7 @@ class TestVllmEstimate:
 
     def test_they_fill_an_unknown_model(self) -> None:
         """Nothing known of the model: vLLM's bytes are the floor, no term is missing."""
-        hw = Roofline(gpu="NVIDIA H100 SXM", memory_bandwidth_gb_s=3350, weight_bytes=None)
+        hw = H100_ALONE
         s = signals(estimated_read_bytes=3000 * 40e9, kv_cache=None, **STEPS)
         r = roof(s, hw)
         assert r.floor_seconds == pytest.approx(40e9 / H100, rel=1e-6)
@@ -240,37 +239,3 @@ class TestFactsSource:
         }
         assert evidence(r)["decode_facts_source"] == r.facts_source
         assert evidence(r)["decode_kv_bytes_per_token"] == 131072
-
-
-def test_vllms_counters_end_to_end(tmp_path: Path) -> None:
-    """A simulated H100 whose /metrics also carry vLLM's estimator counters (40 GB and
-    4 TFLOP a step), judged with hardware.gpu alone for a model in no table: the floor's
-    bytes are vLLM's, and the evidence says where they came from."""
-    spec = server_spec("H100", max_num_batched_tokens=8192, max_model_len=8192)
-    load = Workload(arrival_rate_per_s=1.0, burst=100, prompt_tokens=64, output_tokens=2000)
-    sim = Simulation(Scenario("x", spec, (Phase(60.0, load),), model_name="acme/bot"))
-    cfg = tmp_path / "gpu.yaml"
-    cfg.write_text(yaml.safe_dump({"hardware": {"gpu": "H100"}, "window_seconds": 30}))
-    evaluator = build_evaluator(load_settings(cfg))
-    parser = SnapshotParser()
-    last = None
-    for tick in range(13):
-        sim.advance_to(tick * 5.0)
-        [(_, engine)] = sim.engines
-        steps = engine.stats.iteration_tokens.count
-        body = sim.render(created_at=0.0) + "".join(
-            f'{name}{{engine="0",model_name="acme/bot"}} {steps * per_step}\n'
-            for name, per_step in (
-                ("vllm:estimated_read_bytes_per_gpu_total", 40e9),
-                ("vllm:estimated_flops_per_gpu_total", 4e12),
-            )
-        )
-        last = evaluator.step(parser.parse(body, 1000.0 + tick * 5.0))
-    assert last is not None
-    ev = last.measurements["acme/bot"]
-    assert ev["decode_step_bytes_vllm"] == pytest.approx(40e9)
-    assert ev["decode_step_flops_vllm"] == pytest.approx(4e12)
-    d = last.diagnoses["acme/bot"]
-    assert "step_bytes=metrics" in str(d.evidence["decode_facts_source"])
-    assert "decode_roofline_ratio_is_lower_bound" not in d.evidence
-    assert str(d.evidence["model_source"]).startswith("unknown: 'acme/bot'")

@@ -7,36 +7,26 @@ ratio is marked a lower bound and the summary names the setting that settles it
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from vllm_triage.assemble import build_evaluator, build_rulebook
-from vllm_triage.config.load import load_settings
 from vllm_triage.core.diagnose import diagnose
-from vllm_triage.core.model import CacheConfig, Diagnosis, Quantile, Signals
-from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.core.model import CacheConfig, Quantile, Signals
 from vllm_triage.core.roofline import sources
 from vllm_triage.core.rulebook import Roofline, Rulebook
-from vllm_triage.simulator import Phase, Scenario, Simulation, Workload, server_spec
 
-from support.golden_metrics import GOLDEN
+from support.paths import GOLDEN
+from support.physics import H100_ALONE, H100_BANDWIDTH, LLAMA_8B_ON_H100, LLAMA_8B_WEIGHT_BYTES
+from support.rulebooks import default_rulebook
 
 #: Llama-3.1-8B's weights on an H100; nothing known of its KV cache.
-NO_KV = Roofline(
-    gpu="NVIDIA H100 SXM",
-    memory_bandwidth_gb_s=3350,
-    weight_bytes=16.06e9,
-    compute_tflops=989.4,
-    active_parameters=8.03e9,
-)
-WEIGHTS_S = 16.06e9 / 3350e9  # 4.8 ms
+NO_KV = dataclasses.replace(LLAMA_8B_ON_H100, kv_bytes_per_token=None, kv_split=None)
+WEIGHTS_S = LLAMA_8B_WEIGHT_BYTES / H100_BANDWIDTH  # 4.8 ms
 
 
 def rules(hw: Roofline | None) -> Rulebook:
-    return dataclasses.replace(build_rulebook(load_settings()), roofline=hw)
+    return dataclasses.replace(default_rulebook(), roofline=hw)
 
 
 def signals(**changes: Any) -> Signals:
@@ -75,7 +65,7 @@ class TestKVUnknown:
         assert "serving stack" not in d.summary
         assert "decode_settings_suspect" not in ev
         # Not the "impossible settings" fix: the cause's own.
-        assert d.remediation == build_rulebook(load_settings()).remediation["decode_bound"]
+        assert d.remediation == default_rulebook().remediation["decode_bound"]
 
     def test_an_empty_cache_cannot_close_the_gap(self) -> None:
         d = diagnose(signals(kv_usage_mean=0.0, kv_usage_max=0.0), rules(NO_KV))
@@ -106,7 +96,7 @@ class TestOtherTerms:
     def test_unknown_weights(self) -> None:
         """A card but no model: the KV reads alone (exact, from the metrics) are a bound,
         and the model's size is what settles it."""
-        hw = Roofline(gpu="NVIDIA H100 SXM", memory_bandwidth_gb_s=3350, weight_bytes=None)
+        hw = H100_ALONE
         cfg = CacheConfig(
             num_gpu_blocks=25_000,
             block_size=16,
@@ -120,7 +110,7 @@ class TestOtherTerms:
         assert "weights" in str(d.evidence["decode_roofline_left_out"])
 
     def test_nothing_sized_says_the_model(self) -> None:
-        hw = Roofline(gpu="NVIDIA H100 SXM", memory_bandwidth_gb_s=3350, weight_bytes=None)
+        hw = H100_ALONE
         d = diagnose(signals(kv_pool_tokens=None), rules(hw))
         assert d.evidence["decode_limit"] == "unknown"
         assert "the model's size is unknown: set model.parameters_billion" in d.summary
@@ -147,41 +137,3 @@ def test_the_gauges_help_says_lower_bound() -> None:
     ]
     assert "lower bound when the facts are incomplete" in help_line
     assert "decode_roofline_ratio_is_lower_bound" in help_line
-
-
-def _simulated(tmp: Path) -> list[Diagnosis]:
-    """Long-context decode on a simulated H100 at its bandwidth limit, told only the
-    bandwidth and the parameter count, serving a model in no table: no card memory to
-    estimate the pool from, no kv_cache_memory_bytes, no row."""
-    spec = server_spec(
-        "H100", step_overhead_s=0.0005, max_num_batched_tokens=8192, max_model_len=8192
-    )
-    load = Workload(arrival_rate_per_s=4.0, burst=150, prompt_tokens=64, output_tokens=2000)
-    sim = Simulation(Scenario("x", spec, (Phase(90.0, load),), model_name="acme/bot"))
-    cfg = tmp / "bare.yaml"
-    settings = {
-        "window_seconds": 40,
-        "slo": {"itl_p99_seconds": 0.001, "ttft_p99_seconds": 1000},
-        "hardware": {"memory_bandwidth_gb_s": 3350},
-        "model": {"parameters_billion": 8.03},
-    }
-    cfg.write_text(yaml.safe_dump(settings))
-    evaluator = build_evaluator(load_settings(cfg))
-    parser = SnapshotParser()
-    out: list[Diagnosis] = []
-    for tick in range(19):
-        sim.advance_to(tick * 5.0)
-        evaluation = evaluator.step(parser.parse(sim.render(created_at=0.0), 1000.0 + tick * 5))
-        out.extend(d for d in evaluation.diagnoses.values() if d.cause == "decode_bound")
-    return out
-
-
-def test_a_model_in_no_table_without_kv_facts_never_says_serving_stack(tmp_path: Path) -> None:
-    judged = _simulated(tmp_path)
-    assert len(judged) >= 10
-    assert all(d.evidence["decode_limit"] != "serving_stack" for d in judged)
-    fullest = max(judged, key=lambda d: float(d.evidence["kv_usage_mean"])).evidence
-    assert fullest["decode_limit"] == "unknown", fullest
-    assert fullest["decode_roofline_ratio_is_lower_bound"] is True
-    assert fullest["decode_roofline_needs"] == sources.SETTLE_KV
-    assert "kv_bytes_per_token=unknown" in str(fullest["decode_facts_source"])

@@ -6,12 +6,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from vllm_triage.assemble import build_evaluator, build_rulebook
-from vllm_triage.config.load import load_settings
 from vllm_triage.core.incidents import IncidentTracker
 from vllm_triage.core.model import Diagnosis, Reason, Transition
-from vllm_triage.core.parse import SnapshotParser
-from vllm_triage.core.rulebook import Ceiling
 from vllm_triage.core.timeline import (
     breach_began,
     for_display,
@@ -21,9 +17,10 @@ from vllm_triage.core.timeline import (
     setting_values,
 )
 
-from support.scenarios import recorded
+from support.physics import LLAMA_8B_H100_CEILING
+from support.rulebooks import default_rulebook
 
-RULES = build_rulebook(load_settings())
+RULES = default_rulebook()
 
 
 #: One model's measurements, as ``Evaluation.measurements`` holds them.
@@ -47,16 +44,9 @@ def test_setting_values_name_the_settings() -> None:
     assert values["slo.ttft_p99_seconds"] == RULES.slo.ttft_p99_seconds
     assert values["thresholds.near_ceiling_ratio"] == RULES.thresholds.near_ceiling_ratio
     assert not any(k.startswith("ceiling.") for k in values)
-    with_ceiling = dataclasses.replace(
-        RULES,
-        ceiling=Ceiling(
-            gpu="H100",
-            memory_bandwidth_gb_s=3350,
-            weight_bytes_per_token=16e9,
-            tokens_per_second=209.4,
-        ),
-    )
-    assert setting_values(with_ceiling)["ceiling.tokens_per_second"] == 209.4
+    with_ceiling = dataclasses.replace(RULES, ceiling=LLAMA_8B_H100_CEILING)
+    tokens_per_second = setting_values(with_ceiling)["ceiling.tokens_per_second"]
+    assert tokens_per_second == LLAMA_8B_H100_CEILING.tokens_per_second
 
 
 def diag(at: float, cause: str | None, model: str = "m") -> Diagnosis:
@@ -176,30 +166,3 @@ class TestForDisplay:
     def test_empty(self) -> None:
         s = for_display([], {"v": []}, [], max_points=10, gap_seconds=None)
         assert s.times == [] and s.columns == {"v": []} and s.evaluations == 0
-
-
-def test_a_simulated_incident_from_end_to_end() -> None:
-    """The simulator's kv_pressure scenario through the real core: the incident's breach
-    began before it fired (open_after evaluations), and the points show the KV cache."""
-    settings = load_settings()
-    evaluator = build_evaluator(settings)
-    parser = SnapshotParser()
-    times: list[float] = []
-    causes: list[str | None] = []
-    usage: list[float | None] = []
-    transitions: list[Transition] = []
-    for at, body in recorded("kv_pressure", start_at=0.0, interval_s=5.0, duration_s=300):
-        ev = evaluator.step(parser.parse(body, at))
-        for model, d in ev.diagnoses.items():
-            times.append(at)
-            causes.append(d.cause)
-            usage.append(
-                point_values(ev.measurements[model], ("kv_usage_max",)).get("kv_usage_max")
-            )
-        transitions.extend(ev.transitions)
-    (first, *_) = incidents(transitions)
-    assert first.cause == "kv_pressure"
-    began = breach_began(times, causes, first.started_at)
-    assert began is not None
-    assert first.started_at - began >= 5.0 * (settings.incident.open_after - 1)
-    assert max(u for u in usage if u is not None) > 0.9

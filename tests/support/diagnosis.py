@@ -1,29 +1,22 @@
 """Signals and rulebooks built by hand for the diagnosis's tests (tests/core/): ``signals``
-changes a healthy window's signals, ``rules`` is the default rulebook with a chosen
-ceiling, ``q`` a p99. Each part of the diagnosis (facts, decode, stall) is tested through
-``diagnose``, the one way the rest of the daemon reaches it."""
+changes a healthy window's signals, ``rules`` is the default rulebook
+(``support.rulebooks``) with a chosen ceiling, ``q`` a p99. Each part of the diagnosis
+(facts, decode, stall) is tested through ``diagnose``, the one way the rest of the daemon
+reaches it."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from vllm_triage.assemble import build_rulebook
-from vllm_triage.config.load import load_settings
 from vllm_triage.core.model import Quantile, Signals
 from vllm_triage.core.rulebook import Ceiling, Rulebook
 
-SETTINGS = load_settings()
-A10G_70B = Ceiling(
-    gpu="NVIDIA A10G",
-    memory_bandwidth_gb_s=600,
-    weight_bytes_per_token=140e9,
-    tokens_per_second=600e9 / 140e9,
-)
+from support.rulebooks import default_rulebook
 
 
 def rules(ceiling: Ceiling | None = None) -> Rulebook:
-    return dataclasses.replace(build_rulebook(SETTINGS), ceiling=ceiling)
+    return dataclasses.replace(default_rulebook(), ceiling=ceiling)
 
 
 def q(value: float, p: float = 0.99) -> Quantile:

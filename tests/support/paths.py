@@ -15,6 +15,8 @@ RECORDINGS = FIXTURES / "recordings"
 SCENARIO_FIXTURES = FIXTURES / "scenarios"
 VLLM_CAPTURES = FIXTURES / "vllm"
 ALERTMANAGER = FIXTURES / "alertmanager"
+#: The exporter's golden /metrics (written by support/golden_metrics.py).
+GOLDEN = TESTS / "golden" / "metrics.prom"
 #: The real-vLLM suite's folder: its settings files are also the recordings' settings.
 REALVLLM = TESTS / "system" / "realvllm"
 #: The bundled scenarios (rules/scenarios/*.yaml).
