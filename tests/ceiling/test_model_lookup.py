@@ -49,6 +49,7 @@ def test_ids_and_names(served: str, model_id: str) -> None:
         ("deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-V3", ("0324",)),
         ("Mistral-7B-Chat-v0.3", "mistralai/Mistral-7B-Instruct-v0.3", ("chat",)),
     ],
+    ids=lambda value: "+".join(value) if isinstance(value, tuple) else None,
 )
 def test_suffixes_that_keep_the_architecture(
     served: str, model_id: str, removed: tuple[str, ...]

@@ -91,6 +91,7 @@ class TestGlobalFlags:
             ("check-config", "--log-format", "json"),
             ("check-config", "--log-level", "debug", "--log-format", "console"),
         ],
+        ids=" ".join,
     )
     def test_before_or_after_the_command(self, tmp_path: Path, args: tuple[str, ...]) -> None:
         result = vllm_triage(*args, cwd=tmp_path)
@@ -114,7 +115,7 @@ class TestGlobalFlags:
 
 
 class TestVersion:
-    @pytest.mark.parametrize("args", [("--version",), ("-V",), ("replay", "-V")])
+    @pytest.mark.parametrize("args", [("--version",), ("-V",), ("replay", "-V")], ids=" ".join)
     def test_version_names_the_commit(self, tmp_path: Path, args: tuple[str, ...]) -> None:
         """From this checkout (an editable install), the commit comes from git."""
         result = vllm_triage(*args, cwd=tmp_path)

@@ -122,6 +122,15 @@ class TestRecord:
             (("--scenario", "healthy", "--record", "r", "--port", "1"), "not allowed with"),
             (("--scenario", "healthy", "--port", "70000"), "must be 0 to 65535"),
         ],
+        ids=[
+            "unknown-scenario",
+            "record-without-duration",
+            "start-without-port",
+            "speed-without-port",
+            "neither-record-nor-port",
+            "record-and-port",
+            "port-out-of-range",
+        ],
     )
     def test_command_line_errors_exit_2(
         self, tmp_path: Path, args: tuple[str, ...], message: str

@@ -422,6 +422,7 @@ class TestWhere:
             (None, Path("/x/auto"), None),  # state_dir: null keeps nothing anywhere
             ("/var/lib/vllm-triage", None, Path("/var/lib/vllm-triage")),
         ],
+        ids=["auto-with-a-folder", "auto-in-process", "null", "a-path"],
     )
     def test_state_dir_setting(
         self, value: str | None, auto: Path | None, expected: Path | None

@@ -83,6 +83,18 @@ def test_a_phase_wide_hang_hangs_every_engine() -> None:
         ({"reset_counters": "yes"}, r"phases\[0\]\.reset_counters"),
         ({"workload": load(request_type="embed")}, r"phases\[0\]\.workload\.request_type"),
     ],
+    ids=[
+        "rank-not-below-data-parallel-size",
+        "rank-listed-twice",
+        "sleep-level-3",
+        "abort-fraction-over-1",
+        "unknown-key-asleep",
+        "engine-without-rank",
+        "phase-changes-data-parallel-size",
+        "phase-changes-api-server-count",
+        "reset-counters-not-a-bool",
+        "request-type-embed",
+    ],
 )
 def test_mistakes_are_refused_naming_the_key(first: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError, match=key):
@@ -96,6 +108,7 @@ def test_mistakes_are_refused_naming_the_key(first: dict[str, Any], key: str) ->
         ({"render_overhead_s": -0.1}, r"server\.render_overhead_s"),
         ({"enable_sleep_mode": "true"}, r"server\.enable_sleep_mode"),
     ],
+    ids=["data-parallel-size-0", "negative-render-overhead", "sleep-mode-a-string"],
 )
 def test_server_mistakes_are_refused_naming_the_key(change: dict[str, Any], key: str) -> None:
     data = two_phases({})

@@ -297,6 +297,20 @@ class TestUserFiles:
                 r"phases\[0\]\.hang",
             ),
         ],
+        ids=[
+            "unknown-server-key",
+            "negative-arrival-rate",
+            "misspelt-phase-server-key",
+            "unknown-gpu",
+            "missing-num-gpu-blocks",
+            "prompt-tokens-a-string",
+            "unknown-dtype",
+            "unknown-workload-key",
+            "pool-too-small",
+            "zero-duration",
+            "missing-name",
+            "hang-a-string",
+        ],
     )
     def test_a_bad_file_names_the_file_and_key(
         self, tmp_path: Path, edit: tuple[str, str], message: str

@@ -415,6 +415,16 @@ class TestFleetSettings:
                 "prometheus.models.m.parameters_billion",
             ),
         ],
+        ids=[
+            "shard-index-not-below-count",
+            "shard-count-0",
+            "bad-identity-label",
+            "dcgm-join-bad-label",
+            "dcgm-join-empty",
+            "bad-server-regex",
+            "unknown-hardware-key",
+            "negative-parameters",
+        ],
     )
     def test_bad_values_name_their_key(
         self, tmp_path: Path, prom: dict[str, Any], key: str

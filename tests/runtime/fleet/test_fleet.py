@@ -372,6 +372,17 @@ class TestMatchers:
             ("{}", {"a": "b"}, True),
             ('{a="x\\"y"}', {"a": 'x"y'}, True),
         ],
+        ids=[
+            "equal",
+            "equal-other-value",
+            "regex",
+            "regex-anchored",
+            "negative-regex",
+            "not-equal-missing-label",
+            "empty-equals-missing-label",
+            "empty-selector",
+            "escaped-quote",
+        ],
     )
     def test_prometheus_semantics(self, text: str, labels: dict[str, str], hit: bool) -> None:
         assert all(m.matches(labels) for m in parse_matchers(text)) is hit

@@ -229,6 +229,7 @@ class TestServer:
             (":9468", ("0.0.0.0", 9468)),
             ("[::1]:9468", ("::1", 9468)),
         ],
+        ids=["ipv4", "every-interface", "ipv6"],
     )
     def test_split_listen(self, listen: str, expected: tuple[str, int]) -> None:
         assert split_listen(listen) == expected
