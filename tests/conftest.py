@@ -12,6 +12,10 @@ import pytest
 from support.captures import VLLM_FIXTURES
 from support.paths import TESTS
 
+#: pytester runs a small suite in a test (the plugins' own tests); support.testids fails a
+#: parametrized case whose id pytest made up.
+pytest_plugins = ("pytester", "support.testids")
+
 # The suite is hermetic: a VLLM_TRIAGE_* variable in the caller's shell would change the
 # settings every test builds (and an unknown one makes load_settings refuse to start), so
 # none reaches the tests. Tests that exercise the environment set it themselves.

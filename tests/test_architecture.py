@@ -3,6 +3,10 @@
 network, file or process state. Each room of the package imports only the rooms below it
 (``WINGS``), and only the assembly reads the root settings.
 
+The test tree holds to the same rules: the core's tests import only what the core may,
+through the helpers too (one bridge builds the default rulebook), and the test folders
+mirror the package's rooms and wings.
+
 The test reads the source (it does not import it), so a forbidden import is caught even
 where it sits in a function body or under ``TYPE_CHECKING``.
 """
@@ -15,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from support.paths import PACKAGE
+from support.paths import PACKAGE, TESTS
 
 CORE = PACKAGE / "core"
 
@@ -397,3 +401,128 @@ def test_the_http_check_finds_a_request(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     assert sorted(http_calls(src)) == ["httpx.get (line 4)", "self._client.post (line 3)"]
+
+
+# ---- The test tree holds to the same rules ------------------------------------------------
+
+SUPPORT = TESTS / "support"
+#: The one helper the core's tests may import that reaches past the core: the default
+#: rulebook and evaluator, built as the daemon builds them from the bundled defaults.
+BRIDGE = "support.rulebooks"
+
+
+def imported_modules(path: Path) -> list[str]:
+    """``imports``, with ``from support import x`` read as ``support.x``."""
+    out = imports(path)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module == "support" and not node.level:
+            out.extend(f"support.{alias.name}" for alias in node.names)
+    return out
+
+
+def past_the_core(path: Path, seen: frozenset[Path] = frozenset()) -> list[str]:
+    """What ``path`` imports of the package beyond the core and the errors, itself or
+    through the helpers it imports (followed; the bridge is not), each after the chain of
+    helpers that leads to it."""
+    out = []
+    for module in imported_modules(path):
+        if module == "vllm_triage" or module.startswith("vllm_triage."):
+            if room_of_module(module) not in {"core", "errors"}:
+                out.append(module)
+        elif module.startswith("support.") and module != BRIDGE:
+            helper = SUPPORT / f"{module.removeprefix('support.')}.py"
+            if helper.exists() and helper not in seen:
+                chain = past_the_core(helper, seen | {helper})
+                out.extend(f"{module} -> {m}" for m in chain)
+    return out
+
+
+@pytest.mark.parametrize("path", sorted((TESTS / "core").glob("*.py")), ids=lambda p: p.name)
+def test_the_cores_tests_import_only_the_core(path: Path) -> None:
+    """A test of the core imports what the core may (and test libraries), the helpers
+    that do the same, and the bridge: the simulator, the assembly and the settings are
+    tests/diagnosis/'s and tests/runtime/'s."""
+    assert past_the_core(path) == []
+
+
+def test_the_core_check_follows_the_helpers(tmp_path: Path) -> None:
+    """Through a helper that runs the simulator: caught; through one that uses the bridge
+    (support.diagnosis), or the bridge itself: allowed."""
+    src = tmp_path / "test_x.py"
+    src.write_text(
+        "from support.scenarios import recorded\n"
+        "from support import diagnosis, rulebooks\n"
+        "from vllm_triage.core.parse import parse_snapshot\n"
+        "from vllm_triage.errors import ParseError\n",
+        encoding="utf-8",
+    )
+    assert past_the_core(src) == [
+        "support.scenarios -> vllm_triage.demo.offline",
+        "support.scenarios -> vllm_triage.simulator",
+    ]
+
+
+def test_the_bridge_reaches_only_the_assembly_and_the_settings() -> None:
+    used = {room_of_module(m) for m in imports(SUPPORT / "rulebooks.py") if "vllm_triage" in m}
+    assert used <= {"assemble", "config", "core", "errors"}
+
+
+def _package_wings() -> set[str]:
+    return {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()} - {"bundled_rules"}
+
+
+def _folders(where: Path) -> set[str]:
+    return {p.name for p in where.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+
+
+#: Test folders that are no room of the package: the runtime's wings (each in a folder of
+#: its own below), the commands, the whole diagnosis on simulated servers and recordings,
+#: deployment, the whole product, and the helpers and committed data.
+TEST_GROUPS = {"runtime", "commands", "diagnosis", "deploy", "system", "support", "fixtures"}
+TEST_GROUPS |= {"golden"}
+
+
+def test_each_test_folder_is_a_room_or_a_group() -> None:
+    """tests/core/, tests/ceiling/...: a folder named after a room holds that room's tests."""
+    assert _folders(TESTS) - _package_wings() - TEST_GROUPS == set()
+
+
+def test_the_runtimes_test_folders_name_its_wings() -> None:
+    """tests/runtime/serve/ for serve/; a top-level module's tests stay in tests/runtime/."""
+    wings = _package_wings() - _folders(TESTS)
+    assert _folders(TESTS / "runtime") - wings == set()
+
+
+def test_test_files_have_unique_names_and_no_package_marker() -> None:
+    """pytest imports each test file by its basename (no __init__.py), so two files of one
+    name would collide; only tests/support/ is a package (imported as support.<module>)."""
+    files = [p for p in TESTS.rglob("test_*.py") if not p.is_relative_to(SUPPORT)]
+    names = [p.name for p in files]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+    markers = [p for p in TESTS.rglob("__init__.py") if p.parent != SUPPORT]
+    assert markers == []
+
+
+MADE_UP_IDS = """
+import pytest
+
+@pytest.mark.parametrize("args", [("a",), ("b",)])
+def test_made_up(args):
+    pass
+
+@pytest.mark.parametrize("args", [("a",), ("b",)], ids=["first", "second"])
+def test_named(args):
+    pass
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_numbers_name_themselves(n):
+    pass
+"""
+
+
+def test_a_test_id_pytest_made_up_fails(pytester: pytest.Pytester) -> None:
+    """support/testids.py (loaded by tests/conftest.py) fails ``test_made_up[args0]``."""
+    pytester.makepyfile(test_ids=MADE_UP_IDS)
+    result = pytester.runpytest_inprocess("-p", "support.testids", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=4, errors=2)
+    result.stdout.fnmatch_lines(["*test_made_up[[]args0[]]: pytest made up the id args0*"])
