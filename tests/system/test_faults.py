@@ -4,7 +4,7 @@ fault in its metrics and logs, and recovers.
 Rows covered elsewhere: SIGTERM during a delivery and an invalid config
 (tests/commands/test_run_cmd.py), a hanging target's skipped ticks
 (tests/runtime/test_service.py), the Delivery-level receiver faults one by one
-(tests/runtime/test_delivery.py).
+(tests/runtime/notify/test_delivery.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 bounds on what a peer controls, each finding of the second round of probes as a test
 against the daemon as its own process (``vllm-triage run``), with the figure it measures
 (``pytest -n 0 -s tests/system/test_hostile_round_two.py | grep FIGURE``). The fleet's
-findings are tested on the fleet's own ticks in tests/runtime/test_fleet.py
+findings are tested on the fleet's own ticks in tests/runtime/fleet/test_fleet.py
 (``TestHostileAnswers``).
 
 Every daemon here runs under an address-space limit (tests/support/daemonproc.py); each

@@ -4,7 +4,7 @@ Every secret a user can configure (a target's bearer token, a receiver's URL tok
 basic-auth password, extra header value, HMAC key) is set to a marker string; the daemon
 then runs with a receiver that fails and a target that fails, so that every error path
 logs. The markers must appear in no log line, no endpoint, no exception text. GET-only
-routes are tested in tests/runtime/test_listener.py, the non-root image in
+routes are tested in tests/runtime/serve/test_listener.py, the non-root image in
 tests/deploy/test_dockerfile.py.
 """
 
