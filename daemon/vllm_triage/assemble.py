@@ -163,10 +163,12 @@ def build_target(
     notifier: Notifier | None,
     store: StateStore | None = None,
     rulebook: Rulebook | None = None,
+    server_labels: Mapping[str, str] | None = None,
 ) -> Target:
     """A target's after-the-core half, configured or discovered. ``url`` is shown to
     people (never with credentials); ``settings`` are the ones in force for it (a
-    configured target's own hardware and model included: ``Settings.for_target``)."""
+    configured target's own hardware and model included: ``Settings.for_target``);
+    ``server_labels``: its identity labels on its alerts (default: the settings')."""
     rules = rulebook or build_rulebook(settings)
     parts = TargetParts(
         name=name,
@@ -174,6 +176,9 @@ def build_target(
         evaluator=build_evaluator(settings, rules),
         history=history(settings, rules),
         max_models=settings.max_models_per_target,
+        server_labels=(
+            dict(settings.alerting.server_labels) if server_labels is None else server_labels
+        ),
     )
     return Target(parts, notifier=notifier, store=store)
 
@@ -194,6 +199,7 @@ def build_scraped(
         safe_url(target.url),
         notifier=notifier,
         store=store,
+        server_labels=settings.server_labels_of(target),
     )
     headers = auth_headers(target)
     prober: Prober | None = None
@@ -331,8 +337,18 @@ def build_fleet(
     top = build_rulebook(settings)
     shown = safe_url(source.url.rstrip("/") + "/api/v1/query")
 
-    def new_target(name: str) -> Target:
-        target = build_target(settings, name, shown, notifier=notifier, store=store, rulebook=top)
+    def new_target(name: str, identity: Mapping[str, str]) -> Target:
+        # A server's alerts carry its identity labels, as the rules' alerts do.
+        labels = {**settings.alerting.server_labels, **identity}
+        target = build_target(
+            settings,
+            name,
+            shown,
+            notifier=notifier,
+            store=store,
+            rulebook=top,
+            server_labels=labels,
+        )
         if store is not None:
             store.participants.append(target)
         return target

@@ -15,7 +15,7 @@ recovers.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -48,6 +48,8 @@ class TargetParts:
     history: History | None
     #: ``model_name`` values judged at most (fleet mode; a scrape's parser applies it).
     max_models: int
+    #: The server's identity labels, on each of its alerts (``alerting.server_labels``).
+    server_labels: Mapping[str, str] = field(default_factory=dict)
 
 
 class Health:
@@ -89,6 +91,7 @@ class Target:
         self.state.history = parts.history
         self.health = Health(self.state)
         self._max_models = parts.max_models
+        self._server_labels = dict(parts.server_labels)
         self._notifier = notifier
         self._store = store
         self._problems = Throttle()
@@ -198,7 +201,9 @@ class Target:
             elif t.event == "firing":
                 st.incidents_opened[(t.model_name, t.cause)] += 1
         if evaluation.transitions and self._notifier is not None:
-            self._notifier.notify(st.name, evaluation.transitions, now=at)
+            self._notifier.notify(
+                st.name, evaluation.transitions, now=at, server_labels=self._server_labels
+            )
 
     def _log_inconsistent(self, evaluation: Evaluation) -> None:
         """Counters that go back and forth (two servers behind one address): their rates

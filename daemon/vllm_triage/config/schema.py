@@ -32,6 +32,7 @@ from pydantic_settings import (
 from vllm_triage.ceiling.gpus import find_gpu
 from vllm_triage.ceiling.sizing import bytes_per_param
 from vllm_triage.config.matchers import parse_matchers
+from vllm_triage.core.alerts import RESERVED_LABELS
 from vllm_triage.core.parse import (
     DEFAULT_MAX_LABEL_VALUE_LENGTH,
     DEFAULT_MAX_LINE_LENGTH,
@@ -254,6 +255,27 @@ def target_name(url: str) -> str:
     return f"{host}:{port}" if port else host
 
 
+def _not_reserved(labels: dict[str, str]) -> dict[str, str]:
+    taken = sorted(set(labels) & RESERVED_LABELS)
+    if taken:
+        raise ValueError(
+            f"{', '.join(taken)}: set by vllm-triage itself; name the server with the labels "
+            "Prometheus gives its series (namespace and pod in Kubernetes, or job and instance)"
+        )
+    return labels
+
+
+#: A server's identity labels, as Prometheus names the server's series (docs/operations.md,
+#: the alert-label contract): added to every alert of the server.
+ServerLabels = Annotated[
+    dict[
+        Annotated[str, Field(pattern=r"^[a-zA-Z_][a-zA-Z0-9_]*$")],
+        Annotated[str, Field(max_length=1024)],
+    ],
+    AfterValidator(_not_reserved),
+]
+
+
 class TargetSettings(HttpAuth):
     """One vLLM server to watch. ``hardware`` and ``model`` replace the top-level ones;
     ``name`` defaults to the URL's host:port."""
@@ -264,6 +286,8 @@ class TargetSettings(HttpAuth):
     hardware: HardwareSettings | None = None
     model: ModelSettings | None = None
     probe: ProbeSettings = ProbeSettings()
+    #: This server's identity labels, over ``alerting.server_labels`` key by key.
+    server_labels: ServerLabels = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -400,6 +424,13 @@ class AlertingSettings(BaseModel):
     #: Where people reach this daemon (``externalURL`` and ``generatorURL`` in payloads);
     #: default: http://<listen address>.
     external_url: HttpUrl | None = None
+    #: The server's identity labels on every alert, the labels Prometheus gives its series
+    #: (the rules' alerts carry them), so that Alertmanager can tell one server's alerts
+    #: from another's: the sidecar's namespace and pod (the downward API sets
+    #: VLLM_TRIAGE_ALERTING__SERVER_LABELS__NAMESPACE and __POD), or job and instance.
+    #: A target's own ``server_labels`` go over these; fleet mode adds each server's
+    #: ``identity_labels``.
+    server_labels: ServerLabels = Field(default_factory=dict)
 
 
 #: A recording's bytes per target at most, by default: about a day of one vLLM server with
@@ -516,7 +547,23 @@ class Settings(BaseSettings):
                 f"receivers: the same {', '.join(twice)} receiver (type and url) is given "
                 "twice; remove one, or name each"
             )
+        # Two servers under one identity would mute or merge each other's alerts.
+        identities = [
+            (t.name, tuple(sorted(self.server_labels_of(t).items()))) for t in self.targets
+        ]
+        for i, (name, labels) in enumerate(identities):
+            same = [n for n, other in identities[i + 1 :] if labels and other == labels]
+            if same:
+                raise ValueError(
+                    f"targets {name} and {same[0]} have the same server_labels "
+                    f"({', '.join(f'{k}={v}' for k, v in labels)}): give each target its "
+                    "own (targets[].server_labels), as Prometheus names each server"
+                )
         return self
+
+    def server_labels_of(self, target: TargetSettings) -> dict[str, str]:
+        """A target's identity labels: ``alerting.server_labels`` with its own on top."""
+        return {**self.alerting.server_labels, **target.server_labels}
 
     @property
     def scrape_timeout(self) -> float:

@@ -12,10 +12,13 @@ Alertmanager works unchanged:
 One alert identity per incident episode (``core.incidents``): its labels are
 ``alertname`` (one per cause, so Alertmanager's default grouping by ``alertname`` groups
 by cause), ``severity``, ``target``, ``model_name`` and ``diagnosis``, where the cause is
-the one the episode *opened* with. Labels are an alert's identity in Alertmanager, so
-they must not change while the episode lasts; what does change (the current cause after
-a change, why it changed, the contributing causes) is in the annotations: ``cause``,
-``cause_changed_from``, ``cause_change`` and ``contributing``.
+the one the episode *opened* with, and the server's identity labels (``namespace`` and
+``pod`` in Kubernetes, or whatever names the server in Prometheus: the same labels the
+rules' alerts carry, so that an inhibit rule can match the two per server). Labels are
+an alert's identity in Alertmanager, so they must not change while the episode lasts;
+what does change (the current cause after a change, why it changed, the contributing
+causes) is in the annotations: ``cause``, ``cause_changed_from``, ``cause_change`` and
+``contributing``.
 """
 
 from __future__ import annotations
@@ -200,14 +203,41 @@ def contributing_text(d: Diagnosis) -> str:
     return "\n".join(f"- {c.cause} ({c.share:.0%}): {c.evidence}" for c in d.contributing)
 
 
-def alert_labels(target: str, model_name: str, cause: Cause, severity: str) -> dict[str, str]:
-    return {
-        "alertname": ALERTNAMES[cause],
-        "severity": severity,
-        "target": target,
-        "model_name": model_name,
-        "diagnosis": cause,
-    }
+#: The labels the daemon sets itself, and those the alert-label contract keeps for labels
+#: it adds (``runtime``: the serving engine; ``shard``: a fleet replica's share): a
+#: server's identity labels may not use them (docs/operations.md, the contract).
+RESERVED_LABELS = frozenset(
+    {"alertname", "severity", "target", "model_name", "diagnosis", "runtime", "shard"}
+)
+
+
+def alert_labels(
+    target: str,
+    model_name: str,
+    cause: Cause,
+    severity: str,
+    server: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """An alert's identity: the daemon's own labels and the server's identity labels
+    (``server``; an empty value is left out, as Alertmanager treats it as absent)."""
+    labels = {k: v for k, v in (server or {}).items() if v and k not in RESERVED_LABELS}
+    labels.update(
+        {
+            "alertname": ALERTNAMES[cause],
+            "severity": severity,
+            "target": target,
+            "model_name": model_name,
+            "diagnosis": cause,
+        }
+    )
+    return labels
+
+
+def episode(labels: Mapping[str, str]) -> tuple[str, str, str]:
+    """What names one incident episode whatever else its labels carry: the target, the
+    model and the cause it opened with (an alert restored from before an upgrade that
+    added identity labels is still the same episode)."""
+    return (labels.get("target", ""), labels.get("model_name", ""), labels.get("diagnosis", ""))
 
 
 def generator_url(external_url: str, target: str) -> str:
@@ -219,7 +249,14 @@ def status_page_url(external_url: str, target: str) -> str:
     return f"{external_url.rstrip('/')}/?target={quote(target, safe='')}"
 
 
-def firing_alert(t: Transition, *, target: str, severity: str, external_url: str) -> Alert:
+def firing_alert(
+    t: Transition,
+    *,
+    target: str,
+    severity: str,
+    external_url: str,
+    server_labels: Mapping[str, str] | None = None,
+) -> Alert:
     """The alert a ``firing`` transition opens, annotated with its diagnosis."""
     d = t.diagnosis
     model = t.model_name or "(no model_name)"
@@ -249,7 +286,7 @@ def firing_alert(t: Transition, *, target: str, severity: str, external_url: str
         annotations["cause_change"] = t.change
     return Alert(
         status="firing",
-        labels=alert_labels(target, t.model_name, t.identity_cause, severity),
+        labels=alert_labels(target, t.model_name, t.identity_cause, severity, server_labels),
         annotations=annotations,
         starts_at=t.started_at,
         ends_at=None,

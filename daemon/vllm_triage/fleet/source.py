@@ -106,8 +106,8 @@ class FleetParts:
     max_body_bytes: int
     hardware: HardwareResolver
     #: Builds a discovered server's bare ``Target`` (the same assembly function that
-    #: builds a configured target's).
-    new_target: Callable[[str], Target]
+    #: builds a configured target's), from its name and its identity labels.
+    new_target: Callable[[str, Mapping[str, str]], Target]
     #: The query API's own health, reported like a target's (named ``prometheus``).
     api: Health
     #: Every query's headers: JSON, one layer of gzip, the API's credentials.
@@ -194,10 +194,11 @@ class PrometheusSource:
     def states(self) -> list[TargetState]:
         return [self.api.state] + [t.state for _, t in sorted(self.targets.items())]
 
-    def _target(self, name: str) -> Target:
+    def _target(self, name: str, labels: Mapping[str, str]) -> Target:
         target = self.targets.get(name)
         if target is None:
-            target = self.targets[name] = self.parts.new_target(name)
+            identity = {k: labels[k] for k in self.source.identity_labels if labels.get(k)}
+            target = self.targets[name] = self.parts.new_target(name, identity)
             log.info("fleet_target_discovered", target=name)
         return target
 
@@ -417,6 +418,6 @@ class PrometheusSource:
                 )
                 for m in server.models
             }
-            target = self._target(name)
+            target = self._target(name, server.labels)
             target.state.attempted(at)
             target.consume_signals(at, signals, rulebooks, tuple(server.problems))

@@ -14,11 +14,12 @@ told a receiver about before the restart, and repeats on the same schedule.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Iterable, Mapping
 
 import structlog
 
-from vllm_triage.core.alerts import Alert, firing_alert
+from vllm_triage.core.alerts import Alert, episode, firing_alert
 from vllm_triage.core.dedup import LastSent, NotifyReason, needs_update
 from vllm_triage.core.model import Transition
 from vllm_triage.notify.delivery import Delivery
@@ -55,6 +56,8 @@ class Notifier:
         self.active: dict[str, Alert] = {}
         #: (receiver, alert key) -> what that receiver was last told about that alert.
         self.log: dict[tuple[str, str], LastSent] = {}
+        #: Fingerprints whose kept identity was said (``_same_identity``).
+        self._kept_said: set[str] = set()
         if store is not None:
             self._restore(store)
 
@@ -119,11 +122,47 @@ class Notifier:
             else:
                 self.store.put_log(*key, last)
 
-    def notify(self, target: str, transitions: Iterable[Transition], now: float) -> None:
+    def _same_identity(self, alert: Alert) -> Alert:
+        """``alert`` under the labels its open episode already has, where they differ: an
+        incident open across an upgrade that changed the labels (server identity labels
+        added) keeps its fingerprint until it resolves, so no receiver sees it fire
+        twice or never resolve. Said once, when the old identity is first kept."""
+        if alert.key in self.active:
+            return alert
+        ep = episode(alert.labels)
+        for kept in self.active.values():
+            if episode(kept.labels) == ep and kept.labels != alert.labels:
+                if kept.key not in self._kept_said:
+                    self._kept_said.add(kept.key)
+                    log.info(
+                        "alert_identity_kept",
+                        target=ep[0],
+                        model_name=ep[1],
+                        diagnosis=ep[2],
+                        fingerprint=kept.key,
+                        why="an incident open before these labels were configured keeps "
+                        "its labels until it resolves; the next one carries the new ones",
+                    )
+                return dataclasses.replace(alert, labels=kept.labels)
+        return alert
+
+    def notify(
+        self,
+        target: str,
+        transitions: Iterable[Transition],
+        now: float,
+        server_labels: Mapping[str, str] | None = None,
+    ) -> None:
+        """``server_labels``: the server's identity labels, on each of its alerts."""
         for t in transitions:
             alert = firing_alert(
-                t, target=target, severity=self.severity, external_url=self.external_url
+                t,
+                target=target,
+                severity=self.severity,
+                external_url=self.external_url,
+                server_labels=server_labels,
             )
+            alert = self._same_identity(alert)
             if t.event == "firing":
                 self._set_active(alert)
             else:

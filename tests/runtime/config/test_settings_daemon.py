@@ -432,3 +432,39 @@ class TestFleetSettings:
         with pytest.raises(ConfigError) as err:
             self.fleet(tmp_path, **prom)
         assert f"  {key}" in str(err.value)
+
+
+class TestServerLabels:
+    """``alerting.server_labels`` and ``targets[].server_labels``: a server's identity on
+    its alerts (the sidecar's from the downward API's variables)."""
+
+    def test_from_the_downward_apis_variables(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("VLLM_TRIAGE_ALERTING__SERVER_LABELS__NAMESPACE", "llm")
+        monkeypatch.setenv("VLLM_TRIAGE_ALERTING__SERVER_LABELS__POD", "vllm-0")
+        s = load_settings(flags={"targets": [{"name": "a", "url": "http://127.0.0.1:8000/"}]})
+        assert s.server_labels_of(s.targets[0]) == {"namespace": "llm", "pod": "vllm-0"}
+
+    def test_a_targets_own_go_over_them(self) -> None:
+        s = load_settings(
+            flags={
+                "alerting": {"server_labels": {"job": "vllm", "instance": "x"}},
+                "targets": [
+                    {"name": "a", "url": "http://h:1/", "server_labels": {"instance": "h:1"}},
+                    {"name": "b", "url": "http://h:2/", "server_labels": {"instance": "h:2"}},
+                ],
+            }
+        )
+        assert [s.server_labels_of(t) for t in s.targets] == [
+            {"job": "vllm", "instance": "h:1"},
+            {"job": "vllm", "instance": "h:2"},
+        ]
+
+    @pytest.mark.parametrize("name", ["target", "diagnosis", "alertname", "runtime", "shard"])
+    def test_the_daemons_own_labels_are_refused(self, name: str) -> None:
+        with pytest.raises(ConfigError, match=f"{name}: set by vllm-triage itself"):
+            load_settings(flags={"alerting": {"server_labels": {name: "x"}}})
+
+    def test_two_targets_under_one_identity_are_refused(self) -> None:
+        targets = [{"name": n, "url": f"http://h:{i}/"} for i, n in enumerate("ab", 1)]
+        with pytest.raises(ConfigError, match="targets a and b have the same server_labels"):
+            load_settings(flags={"alerting": {"server_labels": {"pod": "p"}}, "targets": targets})

@@ -553,6 +553,31 @@ class TestTicks:
         assert {q.key for q in source.queries} >= {"dcgm_gpus", "ttft_bucket"}
         assert source.api.state.up and source.api.state.scrapes == 5
 
+    def test_each_servers_alerts_carry_its_identity_labels(self, tmp_path: Path) -> None:
+        """The alert-label contract: a fleet server's alerts name it by the labels
+        ``identity_labels`` name (job and instance here), as the rules' alerts do."""
+        fake = Fake()
+        fake.servers = {"a:8000": "kv_pressure", "b:8000": "kv_pressure"}
+        with query_api(fake) as url:
+            settings = fleet_settings(url, top={"state_dir": str(tmp_path)})
+            store = StateStore.open(tmp_path)
+            assert store is not None
+            run_ticks(
+                settings,
+                warm(fake, [NOW - 60 + STEP * i for i in range(13)]),
+                fake=fake,
+                store=store,
+            )
+            store.close()
+        store = StateStore.open(tmp_path)
+        assert store is not None
+        labels = sorted(
+            (a.labels["target"], a.labels["job"], a.labels["instance"])
+            for a in store.restored.alerts.values()
+        )
+        store.close()
+        assert labels == [("vllm/a:8000", "vllm", "a:8000"), ("vllm/b:8000", "vllm", "b:8000")]
+
     def test_each_data_parallel_engines_balance_is_the_sidecars(self) -> None:
         """Two engines, one of them hung (its gauges frozen): each engine's window means
         of waiting and KV usage reach fleet mode's signals as the sidecar has them."""

@@ -367,3 +367,70 @@ class TestSlack:
         assert "FIRING" in first["text"] and "kv_pressure" in first["text"]
         assert "RESOLVED" in second["text"] and "after 300 s" in second["text"]
         assert paths(d) == ["", ""]
+
+
+POD = {"namespace": "llm", "pod": "vllm-llama3-deployment-vllm-7d9c-abcde"}
+
+
+class TestServerIdentity:
+    """The alert-label contract: the server's identity labels on every alert, and an
+    incident open across the upgrade that added them keeps the labels it fired with."""
+
+    def test_every_alert_carries_the_servers_identity(self, client: httpx.AsyncClient) -> None:
+        n = build_notifier(settings(webhook()), client, EXTERNAL)
+        n.notify(TARGET, [fire()], now=T0, server_labels=POD)
+        n.notify(TARGET, [resolve()], now=T0 + 300, server_labels=POD)
+        bodies = queued(n.deliveries[0])
+        for body in bodies:
+            labels = body["alerts"][0]["labels"]
+            assert {k: labels[k] for k in POD} == POD
+            assert labels["target"] == TARGET and labels["diagnosis"] == "kv_pressure"
+        assert bodies[0]["alerts"][0]["fingerprint"] == bodies[1]["alerts"][0]["fingerprint"]
+
+    def test_an_empty_value_is_no_label(self, client: httpx.AsyncClient) -> None:
+        """Alertmanager treats an empty label as absent; the alert does not carry it."""
+        n = build_notifier(settings(webhook()), client, EXTERNAL)
+        n.notify(TARGET, [fire()], now=T0, server_labels={"namespace": "llm", "pod": ""})
+        labels = queued(n.deliveries[0])[0]["alerts"][0]["labels"]
+        assert labels["namespace"] == "llm" and "pod" not in labels
+
+    def test_an_open_incident_keeps_its_fingerprint_across_the_upgrade(
+        self, client: httpx.AsyncClient, tmp_path: Path
+    ) -> None:
+        """Fired by a daemon without identity labels, then restarted with them: the cause
+        change and the resolve go out under the fingerprint the receivers know, said once
+        in the log; the next incident carries the new labels."""
+        store = StateStore.open(tmp_path)
+        assert store is not None
+        before = build_notifier(settings(webhook()), client, EXTERNAL, store)
+        before.notify(TARGET, [fire("queue_bound")], now=T0)
+        store.close()
+        store = StateStore.open(tmp_path)
+        assert store is not None
+        after = build_notifier(settings(webhook()), client, EXTERNAL, store)
+        change = dataclasses.replace(
+            fire("kv_pressure", T0 + 60),
+            started_at=T0,
+            opened_as="queue_bound",
+            previous_cause="queue_bound",
+            continues=True,
+        )
+        with capture_logs() as logs:
+            after.notify(TARGET, [change], now=T0 + 60, server_labels=POD)
+            after.notify(
+                TARGET, [resolve("queue_bound", T0 + 300)], now=T0 + 300, server_labels=POD
+            )
+            after.notify(TARGET, [fire("queue_bound", T0 + 400)], now=T0 + 400, server_labels=POD)
+        [first] = queued(before.deliveries[0])
+        old = first["alerts"][0]
+        # The first is the restored outbox's, still undelivered: the one ``before`` queued.
+        restored, *bodies = [b["alerts"][0] for b in queued(after.deliveries[0])]
+        assert restored == old
+        assert [b["status"] for b in bodies] == ["firing", "resolved", "firing"]
+        assert bodies[0]["fingerprint"] == bodies[1]["fingerprint"] == old["fingerprint"]
+        assert "pod" not in bodies[1]["labels"]
+        assert bodies[2]["fingerprint"] != old["fingerprint"]
+        assert {k: bodies[2]["labels"][k] for k in POD} == POD
+        assert [e["event"] for e in logs].count("alert_identity_kept") == 1
+        assert list(after.active) == [fingerprint(bodies[2]["labels"])]
+        store.close()
