@@ -10,11 +10,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from structlog.testing import capture_logs
 
+from vllm_triage.cli import build_parser, main
 from vllm_triage.simulator import get_scenario
 
 from support.clirun import COMMAND, vllm_triage, wait_for_event
@@ -176,3 +179,59 @@ class TestRun:
             )
         assert result.returncode == 2
         assert "cannot listen on" in result.stderr
+
+
+class TestFlags:
+    """What ``run``'s flags hand the assembly, read in-process: the daemon is not built."""
+
+    def settings_of(self, monkeypatch: pytest.MonkeyPatch, *argv: str) -> Any:
+        seen: list[Any] = []
+
+        def build(settings: Any, **_: Any) -> Any:
+            seen.append(settings)
+            raise SystemExit(0)
+
+        monkeypatch.setattr("vllm_triage.assemble.build_daemon", build)
+        args = build_parser().parse_args(["run", *argv])
+        with pytest.raises(SystemExit):
+            args.func(args)  # not main(): it would set logging up over capture_logs
+        return seen[0]
+
+    def test_state_dir_is_a_flag(self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        got = self.settings_of(
+            monkeypatch, "--target", "http://127.0.0.1:8000/metrics", "--state-dir", str(tmp_path)
+        )
+        assert got.state_dir == str(tmp_path)
+
+    def test_a_missing_optional_config_runs_on_the_defaults_and_says_so(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        missing = tmp_path / "triage.yaml"
+        with capture_logs() as logs:
+            got = self.settings_of(
+                monkeypatch,
+                "--config",
+                str(missing),
+                "--config-optional",
+                "--target",
+                "vllm=http://127.0.0.1:8000/metrics",
+            )
+        assert [t.name for t in got.targets] == ["vllm"]
+        [said] = [e for e in logs if e["event"] == "config_missing"]
+        assert said["log_level"] == "error" and said["config"] == str(missing)
+
+    def test_a_missing_config_is_still_an_error_without_the_flag(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Path
+    ) -> None:
+        code = main(["run", "--config", str(tmp_path / "nope.yaml"), "--target", "http://h:1/"])
+        assert code == 2 and "nope.yaml" in capsys.readouterr().err
+
+    def test_an_optional_config_that_exists_is_read(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        path = tmp_path / "triage.yaml"
+        path.write_text("slo: {ttft_p99_seconds: 1.25}\n", encoding="utf-8")
+        got = self.settings_of(
+            monkeypatch, "--config", str(path), "--config-optional", "--target", "http://h:1/"
+        )
+        assert got.slo.ttft_p99_seconds == 1.25

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -61,6 +62,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--config", metavar="FILE", help="YAML settings file")
     p.add_argument(
+        "--config-optional",
+        action="store_true",
+        help="a --config FILE that does not exist is not an error: run on the defaults, the "
+        "variables and these flags, and say so loudly at start (the Kubernetes sidecar: a "
+        "missing ConfigMap must not stop it, nor the vLLM pod it sits in)",
+    )
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="where open incidents and undelivered notifications survive a restart "
+        "(state_dir; default $XDG_STATE_HOME/vllm-triage)",
+    )
+    p.add_argument(
         "--listen", metavar="HOST:PORT", help="where to serve /metrics and the API (0.0.0.0:9468)"
     )
     p.add_argument(
@@ -101,6 +115,8 @@ def flags(args: argparse.Namespace) -> dict[str, Any]:
         out["targets"] = args.target
     if args.record is not None:
         out["record"] = {"dir": args.record}
+    if args.state_dir is not None:
+        out["state_dir"] = args.state_dir
     if args.webhook:
         out["receivers"] = [
             # Unnamed: known by type and URL, so reordering the flags moves nothing.
@@ -116,7 +132,21 @@ def run(args: argparse.Namespace) -> int:
     from vllm_triage.errors import ConfigError
     from vllm_triage.store import default_state_dir
 
-    settings = load_settings(args.config, flags(args))
+    config = args.config
+    if config is not None and args.config_optional and not Path(config).exists():
+        import structlog
+
+        structlog.get_logger("vllm_triage.run").error(
+            "config_missing",
+            config=config,
+            consequence="running on the defaults, VLLM_TRIAGE_* variables and flags: no "
+            "receivers, hardware or model settings but what those give",
+            hint="create it; it is read at start (in Kubernetes: apply the sidecar's "
+            "ConfigMap, then restart the sidecar alone: kubectl exec POD -c vllm-triage "
+            "-- sh -c 'kill 1')",
+        )
+        config = None
+    settings = load_settings(config, flags(args))
     if not settings.targets and settings.source == "scrape":
         raise ConfigError(
             "no targets: give --target URL, or `targets:` in the --config file "
