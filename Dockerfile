@@ -1,8 +1,10 @@
 # vllm-triage: the sidecar image.
 #   docker build -t vllm-triage .
 #   docker run --read-only -p 9468:9468 -v ./triage.yaml:/etc/vllm-triage/triage.yaml:ro vllm-triage
-# For a cluster (no image is published): build, push to a registry it pulls from, and name
-# that image in deploy/kubernetes/sidecar-patch.yaml:
+# Each release publishes it, for linux/amd64 and linux/arm64, as
+# ghcr.io/vllm-triage/vllm-triage:<version> (.github/workflows/release.yml); the sidecar
+# manifests name that. Your own build: push it where your cluster pulls from and name it
+# with `vllm-triage render sidecar --image`:
 #   docker build -t registry.example.com/ml/vllm-triage:0.1.0 . && docker push registry.example.com/ml/vllm-triage:0.1.0
 #
 # Two stages: the build stage installs the package into a virtual environment; the final

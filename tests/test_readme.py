@@ -136,3 +136,28 @@ def test_the_link_check_sees_links() -> None:
 )
 def test_anchors_follow_githubs_rules(heading: str, anchor: str) -> None:
     assert slug(heading) == anchor
+
+
+@pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: p.name)
+def test_every_table_is_whole(path: Path) -> None:
+    """A run of table rows starts with its header and separator, and each row has the
+    header's cells: a row cut off from its table by a paragraph renders as text."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    fenced = False
+    runs: list[list[str]] = []
+    previous = ""
+    for line in lines:
+        if line.startswith("```"):
+            fenced = not fenced
+        if not fenced and line.startswith("|"):
+            if previous.startswith("|"):
+                runs[-1].append(line)
+            else:
+                runs.append([line])
+        previous = "" if fenced else line
+    for run in runs:
+        assert len(run) >= 2 and re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", run[1]), run[0]
+        cells = run[0].count("|")
+        for row in run[2:]:
+            # A cell may hold an escaped pipe or one inside code: count the unescaped.
+            assert row.replace("\\|", "").count("|") >= cells, row

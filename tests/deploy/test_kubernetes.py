@@ -28,7 +28,9 @@ from typing import Any
 import pytest
 import yaml
 
+from vllm_triage.cli import build_parser
 from vllm_triage.commands.render import objectives_of, origin
+from vllm_triage.commands.run import flags
 from vllm_triage.config.load import load_settings
 from vllm_triage.render.templates import prometheusrule
 from vllm_triage.serve.listener import split_listen
@@ -255,9 +257,11 @@ def mebibytes(quantity: str) -> float:
 
 
 def sidecar_settings(tmp_path: Path) -> Any:
+    """The settings the sidecar runs with: the ConfigMap's file under its arguments, read
+    as `run` reads them."""
     path = tmp_path / "triage.yaml"
     path.write_text(triage_yaml(), encoding="utf-8")
-    return load_settings(path)
+    return load_settings(path, flags(build_parser().parse_args(sidecar()["args"])))
 
 
 def references(obj: Any) -> list[Any]:
@@ -349,11 +353,10 @@ class TestSidecar:
         assert res["requests"]["cpu"].endswith("m") and res["limits"]["cpu"].endswith("m")
         assert int(res["limits"]["cpu"][:-1]) > int(res["requests"]["cpu"][:-1])
 
-    def test_port_is_the_daemons_default_listen_port(self) -> None:
+    def test_port_is_the_daemons_default_listen_port(self, tmp_path: Path) -> None:
         _, default_port = split_listen(load_settings().listen)
         assert named_ports()["triage-metrics"] == default_port
-        listen = yaml.safe_load(triage_yaml())["listen"]
-        assert split_listen(listen)[1] == default_port
+        assert split_listen(sidecar_settings(tmp_path).listen)[1] == default_port
 
     def test_security_context(self) -> None:
         sc = sidecar()["securityContext"]
@@ -387,29 +390,27 @@ class TestSidecar:
         config_path = Path(cmd[cmd.index("--config") + 1])
         assert str(config_path) == "/etc/vllm-triage/triage.yaml"
         c = sidecar()
-        assert c["args"] == cmd
+        assert c["args"][: len(cmd)] == cmd  # the image's command, then the sidecar's own
         mounts = [m for m in c["volumeMounts"] if m["mountPath"] == str(config_path.parent)]
         assert len(mounts) == 1
         assert mounts[0]["readOnly"] is True
         volume = next(v for v in pod_spec()["volumes"] if v["name"] == mounts[0]["name"])
         configmap = one("configmap.yaml", "ConfigMap")
-        assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+        assert volume["configMap"] == {"name": configmap["metadata"]["name"], "optional": True}
         assert config_path.name in configmap["data"]
 
 
 class TestConfigMap:
     def test_loads_with_the_daemons_settings(self, tmp_path: Path) -> None:
-        path = tmp_path / "triage.yaml"
-        path.write_text(triage_yaml(), encoding="utf-8")
-        settings = load_settings(path)
+        settings = sidecar_settings(tmp_path)
         assert [t.url for t in settings.targets] == ["http://127.0.0.1:8000/metrics"]
         assert settings.interval_seconds == 5
         assert settings.receivers == []
         assert str(settings.state_path(None)) == "/var/lib/vllm-triage"
 
-    def test_target_is_the_vllm_containers_port(self) -> None:
-        url = yaml.safe_load(triage_yaml())["targets"][0]["url"]
-        assert url == f"http://127.0.0.1:{named_ports()['http']}/metrics"
+    def test_target_is_the_vllm_containers_port(self, tmp_path: Path) -> None:
+        [target] = sidecar_settings(tmp_path).targets
+        assert target.url == f"http://127.0.0.1:{named_ports()['http']}/metrics"
         args = container("vllm")["args"]
         assert args[args.index("--port") + 1] == str(named_ports()["http"])
 
