@@ -85,6 +85,22 @@ class TestStacks:
         }
         assert targets == {"vllm:8000", "vllm-triage:9468"}
 
+    def test_the_daemon_names_vllm_as_prometheus_does(self, name: str) -> None:
+        """The target's server labels are the job and instance Prometheus gives vLLM's
+        series, so the inhibit rule matches the daemon's alert and the rules' per server."""
+        service = stack(name)["services"]["vllm-triage"]
+        command = service["command"]
+        settings = load_settings(
+            mounted(name, "vllm-triage", command[command.index("--config") + 1])
+        )
+        config = yaml.safe_load(
+            mounted(name, "prometheus", "/etc/prometheus/prometheus.yml").read_text()
+        )
+        [job] = [j for j in config["scrape_configs"] if j["job_name"] == "vllm"]
+        [[instance]] = [sc["targets"] for sc in job["static_configs"]]
+        [target] = settings.targets
+        assert settings.server_labels_of(target) == {"job": "vllm", "instance": instance}
+
     def test_the_monitor_gates_nothing(self, name: str) -> None:
         """vLLM never waits on vllm-triage (started or healthy), nothing else waits on
         its health, and it restarts alone."""
@@ -175,3 +191,13 @@ def test_amtool_check_config() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+
+
+def test_the_documented_inhibit_rules_are_the_shipped_ones() -> None:
+    """docs/operations.md's alert-label contract shows the inhibit rules users copy: the
+    compose stack's, the ones tests/system/test_inhibit.py runs through Alertmanager."""
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    section = text.split("### The alert-label contract", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    shipped = yaml.safe_load((COMPOSE / "alertmanager.yml").read_text(encoding="utf-8"))
+    assert yaml.safe_load(block)["inhibit_rules"] == shipped["inhibit_rules"]

@@ -12,11 +12,9 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +33,7 @@ from vllm_triage.core.totals import Window
 from vllm_triage.fleet.source import PrometheusSource, shard_of
 from vllm_triage.simulator import get_scenario, record
 
-from support.clirun import stop
+from support.components import alertmanager, binary, ok, process, prometheus
 from support.fleet_sim import PodGpus, dcgm_exposition, relabel, serving
 from support.harness import free_port, metrics_url, running_daemon, simulated, wait_for
 from support.paths import FIXTURES
@@ -45,66 +43,6 @@ pytestmark = pytest.mark.prometheus
 
 SPEED = 5.0
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-
-
-def binary(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"{name} not found: apt-get install prometheus prometheus-alertmanager")
-    return path
-
-
-@contextmanager
-def process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
-    try:
-        yield proc
-    finally:
-        stop(proc)
-
-
-@contextmanager
-def prometheus(
-    tmp_path: Path,
-    targets: dict[str, list[str]],
-    *,
-    labels: dict[str, dict[str, str]] | None = None,
-    honor_labels: tuple[str, ...] = (),
-) -> Iterator[str]:
-    """A Prometheus scraping ``targets`` ({job: [host:port]}) every second; its URL.
-    ``labels`` adds target labels ({host:port: {label: value}}), as a Kubernetes service
-    discovery would; jobs in ``honor_labels`` keep the labels their targets expose."""
-    port = free_port()
-    jobs = ""
-    for job, addrs in targets.items():
-        jobs += f"  - job_name: {job}\n"
-        if job in honor_labels:
-            jobs += "    honor_labels: true\n"
-        jobs += "    static_configs:\n"
-        for addr in addrs:
-            extra = (labels or {}).get(addr, {})
-            jobs += f"      - targets: [{addr!r}]\n        labels: {extra!r}\n"
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n" + jobs
-    )
-    args = [
-        binary("prometheus"),
-        f"--config.file={config}",
-        f"--storage.tsdb.path={tmp_path / 'prom-data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-    ]
-    url = f"http://127.0.0.1:{port}"
-    with process(args, tmp_path / "prometheus.log"):
-        wait_for(lambda: _ok(url + "/-/ready"), timeout=30, every=0.2)
-        yield url
-
-
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def query(url: str, promql: str) -> list[dict[str, Any]]:
@@ -277,27 +215,16 @@ def one_tick(settings: Any) -> set[str]:
 
 
 def test_alerts_reach_a_receiver_through_a_real_alertmanager(tmp_path: Path) -> None:
-    am_port = free_port()
     with Receiver() as rx:
-        config = tmp_path / "alertmanager.yml"
-        config.write_text(
+        config = (
             "route:\n  receiver: hook\n  group_by: [alertname, target, model_name]\n"
             "  group_wait: 1s\n  group_interval: 1s\n  repeat_interval: 1h\n"
             f"receivers:\n  - name: hook\n    webhook_configs:\n      - url: {rx.url}\n"
         )
-        args = [
-            binary("prometheus-alertmanager"),
-            f"--config.file={config}",
-            f"--storage.path={tmp_path / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{am_port}",
-            "--cluster.listen-address=",
-        ]
-        am = f"http://127.0.0.1:{am_port}"
         with (
-            process(args, tmp_path / "alertmanager.log"),
+            alertmanager(tmp_path, config) as am,
             simulated(get_scenario("kv_pressure"), speed=10.0) as kv,
         ):
-            wait_for(lambda: _ok(am + "/-/ready"), timeout=30, every=0.2)
             settings = load_settings(
                 flags={
                     "listen": "127.0.0.1:0",
@@ -391,7 +318,7 @@ def fleet_over_backfill(
             return source
 
     with process(args, tmp_path / "prometheus.log"):
-        wait_for(lambda: _ok(url + "/-/ready"), timeout=30, every=0.2)
+        wait_for(lambda: ok(url + "/-/ready"), timeout=30, every=0.2)
         source = asyncio.run(judged())
     assert source.api.state.up, source.api.state.last_error
     return source, settings
