@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vllm_triage.core.model import Quantile, Signals
+from vllm_triage.core.model import Cause, Diagnosis, Quantile, Reason, Signals, Transition
 from vllm_triage.core.rulebook import Ceiling, Rulebook
 
 from support.rulebooks import default_rulebook
@@ -60,3 +60,18 @@ KV_FULL_PREEMPTING: dict[str, Any] = dict(
     ttft_mean=4.0,
     queue_time_mean=3.5,
 )
+
+
+def firing(cause: Cause, at: float, model: str = "m") -> Transition:
+    """The transition that opens an incident of ``cause``, with a diagnosis of its own."""
+    d = Diagnosis(
+        model_name=model,
+        at=at,
+        breaches=("ttft_p99",),
+        cause=cause,
+        confidence=0.9,
+        summary=f"{cause} summary",
+        evidence={"waiting_mean": 4.0},
+        remediation=(f"fix {cause}",),
+    )
+    return Transition("firing", Reason.OPENED, model, cause, at, at, d)

@@ -26,11 +26,11 @@ import yaml
 from vllm_triage.commands.render import objectives_of
 from vllm_triage.config.load import load_settings
 from vllm_triage.core.alerts import firing_alert, postable_alerts
-from vllm_triage.core.model import Diagnosis, Reason, Transition
 from vllm_triage.render.templates import rules
 from vllm_triage.simulator import get_scenario
 
 from support.components import alertmanager, binary, prometheus
+from support.diagnosis import firing
 from support.harness import metrics_url, running_daemon, simulated, wait_for
 from support.paths import ROOT
 from support.receiver import Receiver
@@ -97,17 +97,7 @@ def config(receiver_url: str, inhibit: list[dict[str, Any]] | None = None) -> st
 
 
 def daemon_alert(target: str, labels: dict[str, str], now: float) -> dict[str, Any]:
-    d = Diagnosis(
-        model_name=MODEL,
-        at=now,
-        breaches=("ttft_p99",),
-        cause="kv_pressure",
-        confidence=0.9,
-        summary="KV cache full",
-        evidence={"kv_usage_max": 0.99},
-        remediation=("raise --gpu-memory-utilization",),
-    )
-    t = Transition("firing", Reason.OPENED, MODEL, "kv_pressure", now, now, d)
+    t = firing("kv_pressure", now, MODEL)
     alert = firing_alert(
         t, target=target, severity="warning", external_url="http://x", server_labels=labels
     )
