@@ -27,6 +27,8 @@ from vllm_triage.notify.delivery import Delivery
 from vllm_triage.notify.receivers import VALID_FOR_RESENDS
 from vllm_triage.store import StateStore
 
+from support.diagnosis import firing
+
 EXTERNAL = "http://triage.example:9468"
 TARGET = "gpu-0"
 MODEL = "llama-8b"
@@ -49,20 +51,11 @@ def webhook(**kw: Any) -> dict[str, Any]:
 
 
 def broken(cause: Cause, at: float, model: str = MODEL) -> Diagnosis:
-    return Diagnosis(
-        model_name=model,
-        at=at,
-        breaches=("ttft_p99",),
-        cause=cause,
-        confidence=0.9,
-        summary=f"{cause} summary",
-        evidence={"waiting_mean": 4.0},
-        remediation=(f"fix {cause}",),
-    )
+    return firing(cause, at, model).diagnosis
 
 
 def fire(cause: Cause = "kv_pressure", at: float = T0, model: str = MODEL) -> Transition:
-    return Transition("firing", Reason.OPENED, model, cause, at, at, broken(cause, at, model))
+    return firing(cause, at, model)
 
 
 def resolve(
