@@ -225,14 +225,20 @@ class TestFindGPU:
         nvidia-smi prints) finds its row: fleet mode looks each server's card up by it."""
         assert find_gpu(dcgm).name == name
 
-    def test_unknown_gpu_lists_known_names(self) -> None:
-        """An unknown name raises ConfigError that lists the table's names."""
+    def test_unknown_gpu_is_one_short_line_with_the_nearest_names(self) -> None:
+        """An unknown name raises ConfigError: the nearest names, not the whole table."""
+        with pytest.raises(ConfigError) as err:
+            find_gpu("H100-80G")
+        message = str(err.value)
+        assert message.startswith("unknown GPU 'H100-80G'; did you mean NVIDIA H100 SXM, "), message
+        assert "AMD Instinct MI300X" not in message and len(message) < 200
+        assert "rules/gpus.yaml" in message
+
+    def test_a_name_near_nothing_gets_no_guess(self) -> None:
         with pytest.raises(ConfigError) as err:
             find_gpu("Voodoo 3")
-        message = str(err.value)
-        assert "unknown GPU 'Voodoo 3'" in message
-        assert "NVIDIA H100 SXM" in message
-        assert "AMD Instinct MI300X" in message
+        assert "did you mean" not in str(err.value)
+        assert str(err.value).startswith("unknown GPU 'Voodoo 3' (")
 
 
 class TestBytesPerParam:

@@ -9,6 +9,7 @@ in code.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import re
 from collections.abc import Iterable
@@ -147,6 +148,36 @@ def find_gpu(name: str) -> GPU:
     """The table row whose name or alias matches ``name`` (case, spaces, ``-``/``_`` ignored)."""
     gpu = _gpu_index().get(_norm(name))
     if gpu is None:
-        known = "; ".join(g.name for g in load_gpu_table())  # names may contain commas
-        raise ConfigError(f"unknown GPU {name!r}; known GPUs ({bundled_path(GPU_TABLE)}): {known}")
+        raise ConfigError(unknown_gpu(name))
     return gpu
+
+
+def close_gpus(name: str, most: int = 3) -> list[str]:
+    """The table's names nearest ``name`` (by its names and aliases), nearest first."""
+    index = _gpu_index()
+    key = _norm(name)
+    # A known name that the user's starts with (``h100`` of ``h10080g``) first, longest
+    # first; then close spellings.
+    near = sorted((k for k in index if len(k) >= 3 and key.startswith(k)), key=len, reverse=True)
+    near += difflib.get_close_matches(key, list(index), n=4 * most, cutoff=0.6)
+    out: list[str] = []
+    for k in near:
+        if index[k].name not in out:
+            out.append(index[k].name)
+    return out[:most]
+
+
+def unknown_gpu(name: str) -> str:
+    """One short line: the name, the nearest known ones, and where the rest are."""
+    near = close_gpus(name)
+    if len(near) > 1:
+        hint = f"; did you mean {', '.join(near[:-1])} or {near[-1]}?"
+    elif near:
+        hint = f"; did you mean {near[0]}?"
+    else:
+        hint = ""
+    count = len(load_gpu_table())
+    return (
+        f"unknown GPU {name!r}{hint} ({count} cards in {bundled_path(GPU_TABLE)}; "
+        "`vllm-triage ceiling --parameters-billion 8` lists them)"
+    )

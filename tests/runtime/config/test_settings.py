@@ -142,7 +142,7 @@ class TestTheLikeliestMistakes:
             "model.dtype",
             "interval_seconds",
         ]
-        assert lines[0].startswith("  hardware.gpu: unknown GPU 'potato'; known GPUs")
+        assert lines[0].startswith("  hardware.gpu: unknown GPU 'potato' (")
         assert lines[1].startswith("  model.dtype: unknown dtype 'int3'; accepted:")
         assert all(x.count("potato") + x.count("int3") <= 1 for x in lines)
 
