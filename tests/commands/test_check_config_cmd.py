@@ -51,3 +51,19 @@ class TestCheckConfig:
         assert result.returncode == 2
         assert "did you mean NVIDIA H100 SXM" in result.stderr
         assert len(result.stderr) < 400 and "MI300X" not in result.stderr
+
+    def test_a_card_only_config_says_where_the_model_comes_from(self, tmp_path: Path) -> None:
+        """The README's card-only config: the model's facts come from the table once vLLM
+        reports its name, and check-config says so instead of "set hardware and model"."""
+        cfg = tmp_path / "t.yaml"
+        cfg.write_text("hardware: {gpu: H100}\n")
+        result = vllm_triage("check-config", "--config", str(cfg), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        [line] = [x for x in result.stderr.splitlines() if x.startswith("decode ceiling")]
+        assert "set hardware and model" not in line
+        assert "on NVIDIA H100 SXM, from the bundled model table" in line
+        assert "once vLLM reports its model_name" in line
+
+    def test_without_a_card_it_asks_for_one(self, tmp_path: Path) -> None:
+        result = vllm_triage("check-config", cwd=tmp_path)
+        assert "decode ceiling, default: unknown (set hardware: the GPU" in result.stderr
