@@ -51,11 +51,26 @@ def test_the_tours_physics_gives_numbers_where_it_can() -> None:
 def test_alerts_carry_one_line_per_fix_and_slack_stays_short() -> None:
     for t in _firings():
         alert = firing_alert(t, target="tour", severity="warning", external_url="http://x")
-        lines = alert.annotations["predicted_effects"].splitlines()
-        assert lines == [f"- {effect_text(e)}" for e in t.diagnosis.remediation_effects]
-        assert len(slack_payload(alert)["text"]) <= SLACK_MAX_CHARS
         predicted = [e for e in t.diagnosis.remediation_effects if e.predicted is not None]
-        if predicted and t.diagnosis.remediation_effects[0].predicted is not None:
-            assert "*Predicted:*" in slack_payload(alert)["text"]
+        lines = alert.annotations.get("predicted_effects", "").splitlines()
+        # Only the fixes with a prediction: never a list of "no prediction" lines.
+        assert lines == [f"- {effect_text(e)}" for e in predicted]
+        assert not any("no prediction" in line for line in lines)
+        text = slack_payload(alert)["text"]
+        assert len(text) <= SLACK_MAX_CHARS
+        if predicted:
+            # Slack's fix is the first with a predicted effect, shown beside it.
+            assert alert.annotations["first_fix"] == predicted[0].fix
+            assert f"*Predicted:* {effect_text(predicted[0])}"[:60] in text
         shown = transition_text(t)
         assert all(effect_text(e) in shown for e in t.diagnosis.remediation_effects[:3] if e.change)
+
+
+def test_slacks_fix_for_queue_bound_is_an_action_not_the_generic_check() -> None:
+    """queue_bound's first remediation explains the queue; the fix Slack shows is the
+    first with a predicted effect (the batch cap, or replicas)."""
+    t = next(t for t in _firings() if t.cause == "queue_bound")
+    alert = firing_alert(t, target="tour", severity="warning", external_url="http://x")
+    fix = next(x for x in slack_payload(alert)["text"].splitlines() if x.startswith("*Fix:*"))
+    assert "Check the queue" not in fix
+    assert "--max-num-seqs" in fix or "replicas" in fix.lower()

@@ -272,11 +272,15 @@ def firing_alert(
         "deciding": deciding_text(t.cause, d),
         "status_page": status_page_url(external_url, target),
     }
-    if d.remediation_effects:
-        # One line per fix, in the fixes' order: its predicted effect, or why none.
-        annotations["predicted_effects"] = "\n".join(
-            f"- {effect_text(e)}" for e in d.remediation_effects
-        )
+    predicted = [e for e in d.remediation_effects if e.predicted is not None]
+    if predicted:
+        # One line per fix that has a predicted effect, in the fixes' order; a fix the
+        # window cannot predict (a check, a procedure) says why in the API and report.
+        annotations["predicted_effects"] = "\n".join(f"- {effect_text(e)}" for e in predicted)
+    if d.remediation:
+        # What to try first: the first fix with a predicted effect (an action, with its
+        # numbers), else the first fix.
+        annotations["first_fix"] = predicted[0].fix if predicted else d.remediation[0]
     if d.secondary:
         annotations["secondary"] = ", ".join(d.secondary)
     if d.contributing:
@@ -388,8 +392,11 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
     if notes.get("deciding"):
         lines.append("*Why:* " + _clip(notes["deciding"], _SLACK_PART_CHARS))
     fixes = [f.removeprefix("- ") for f in notes.get("remediation", "").splitlines() if f]
-    if fixes:
-        lines.append("*Fix:* " + _clip(fixes[0], _SLACK_PART_CHARS))
+    first = notes.get("first_fix") or (fixes[0] if fixes else "")
+    if first:
+        lines.append("*Fix:* " + _clip(first, _SLACK_PART_CHARS))
+        # The first predicted effect is ``first_fix``'s when it has one. (An alert from
+        # before ``first_fix`` listed every fix, those with no prediction too.)
         effect = notes.get("predicted_effects", "").splitlines()[:1]
         if effect and "no prediction" not in effect[0]:
             lines.append("*Predicted:* " + _clip(effect[0].removeprefix("- "), 120))
