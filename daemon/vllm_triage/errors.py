@@ -49,6 +49,10 @@ class ScrapeError(TriageError):
     another origin, or too many) or ``http_error``.
     """
 
-    def __init__(self, message: str, *, reason: str = "http_error") -> None:
+    def __init__(
+        self, message: str, *, reason: str = "http_error", status: int | None = None
+    ) -> None:
         self.reason = reason
+        #: The HTTP status, for ``http_status``.
+        self.status = status
         super().__init__(message)

@@ -69,3 +69,40 @@ def test_a_target_that_dies_mid_recording_is_recorded_as_failures(tmp_path: Path
     assert stats.written == 2
     assert stats.failed == stats.scrapes - 2 == 3
     assert len(list((tmp_path / "rec").glob("*.prom"))) == 2
+
+
+def test_a_404_fails_at_once_naming_the_path(tmp_path: Path) -> None:
+    """The wrong path on a live server: said after one scrape, with the hint, and nothing
+    left behind; not after the whole --duration."""
+    with serving(replies((404, b"Not Found"))) as srv:
+        result = vllm_triage(
+            "record", srv.url("/metric"), "--out", "rec", "--duration", "600",
+            cwd=tmp_path, timeout=120,
+        )  # fmt: skip
+        hits = len(srv.requests)
+    assert result.returncode == 1
+    assert "refused, nothing recorded: HTTP 404" in result.stderr
+    assert hits == 1  # one scrape, not one per interval for ten minutes
+    assert not (tmp_path / "rec").exists()
+
+
+def test_a_server_error_is_recorded_as_a_failure_not_fatal(tmp_path: Path) -> None:
+    """A 503 (vLLM still loading) may pass: the recording goes on (a fake clock)."""
+    srv = LocalServer(replies((503, b"loading"), (200, BODY))).start()
+    now = [1000.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    try:
+        stats = record(
+            srv.url("/metrics"),
+            tmp_path / "rec",
+            interval=5,
+            duration=12,
+            clock=lambda: now[0],
+            sleep=sleep,
+        )
+    finally:
+        srv.stop()
+    assert stats.failed == 1 and stats.written == 2

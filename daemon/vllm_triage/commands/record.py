@@ -74,10 +74,8 @@ def run(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
         )
     except ScrapeError as exc:
-        print(
-            f"vllm-triage record: error: cannot connect, nothing recorded: {exc}",
-            file=sys.stderr,
-        )
+        what = "cannot connect" if exc.reason == "connect" else "refused"
+        print(f"vllm-triage record: error: {what}, nothing recorded: {exc}", file=sys.stderr)
         return 1
     if stats.written > stats.unparseable:
         return 0

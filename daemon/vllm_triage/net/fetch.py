@@ -94,7 +94,9 @@ def _too_many(url: str) -> ScrapeError:
 
 def _status_error(resp: Answer, url: str) -> ScrapeError:
     hint = f": {metrics_url_hint(url)}" if resp.status == 404 else ""
-    return ScrapeError(f"HTTP {resp.status} from {safe_url(url)}{hint}", reason="http_status")
+    return ScrapeError(
+        f"HTTP {resp.status} from {safe_url(url)}{hint}", reason="http_status", status=resp.status
+    )
 
 
 async def fetch_async(

@@ -48,9 +48,10 @@ def record(
 ) -> RecordStats:
     """Scrape ``url`` every ``interval`` seconds into ``out`` until ``duration`` has passed.
 
-    A first scrape that cannot connect raises its ``ScrapeError`` at once (and removes
-    ``out`` if this call created it): a wrong URL is said in a second, not after the
-    whole duration.
+    A first scrape that cannot connect, or that the server refuses as a client error (a
+    404: the wrong path; a 401 or 403: credentials), raises its ``ScrapeError`` at once
+    (and removes ``out`` if this call created it): a wrong URL is said in a second, not
+    after the whole duration.
 
     With no duration it runs until interrupted (Ctrl-C), which ends it cleanly. Scrapes are
     paced from the start time, not from the end of the previous scrape, so a slow target
@@ -77,7 +78,7 @@ def record(
             try:
                 body = http.fetch(url, timeout=scrape_timeout, max_body_bytes=max_body_bytes)
             except ScrapeError as exc:
-                if stats.scrapes == 1 and exc.reason == "connect":
+                if stats.scrapes == 1 and wrong_url(exc):
                     # Nothing listens there (or not in that language): waiting out the
                     # duration would only write nothing. A target that dies later is
                     # recorded as failures, below: that is what a recording is for.
@@ -117,6 +118,15 @@ def record(
         unparseable=stats.unparseable,
     )
     return stats
+
+
+def wrong_url(exc: ScrapeError) -> bool:
+    """A failure no later scrape will mend: nothing listens there, or the server refuses
+    the request itself (4xx; not 408 or 429, which ask to come back later)."""
+    if exc.reason == "connect":
+        return True
+    status = exc.status or 0
+    return exc.reason == "http_status" and 400 <= status < 500 and status not in (408, 429)
 
 
 def _remove_if_empty(directory: Path) -> None:
