@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -14,7 +15,7 @@ from vllm_triage.cli import build_parser
 from vllm_triage.commands import whatif as whatif_command
 from vllm_triage.demo.offline import scenario_facts, scenario_settings
 from vllm_triage.simulator import get_scenario
-from vllm_triage.whatif.calibrate import METRICS, whatif
+from vllm_triage.whatif.calibrate import METRICS, misses, whatif
 from vllm_triage.whatif.window import read_window
 
 from support.clirun import vllm_triage
@@ -118,12 +119,80 @@ def test_calibration_error_within_15_percent(tmp_path: Path, scenario: str, at: 
         assert abs(replay / before - 1) <= 0.15, (key, before, replay)
 
 
-def test_the_default_window_is_the_first_firing(tmp_path: Path) -> None:
+def test_the_default_window_is_the_first_incidents(tmp_path: Path) -> None:
     rec = write_recording(tmp_path / "rec", "queue_bound", duration=240.0)
     settings = scenario_settings(get_scenario("queue_bound"), None)
     obs = read_window(rec, build_evaluator(settings))
     assert obs.cause == "queue_bound"
     assert obs.offset_seconds < 240.0
+
+
+def _joined_late(tmp_path: Path, keep_from: float, keep_to: float) -> Path:
+    """A queue_bound recording begun while the queue already stood (a daemon started, or
+    `run --record` turned on, mid-incident): its first firing comes a few scrapes in."""
+    rec = write_recording(tmp_path / "rec", "queue_bound", duration=300.0)
+    first = min(int(p.stem) for p in rec.glob("*.prom"))
+    for p in rec.glob("*.prom"):
+        if not keep_from * 1000 <= int(p.stem) - first <= keep_to * 1000:
+            p.unlink()
+    return rec
+
+
+def test_a_recording_joined_mid_incident_gets_a_whole_window(tmp_path: Path) -> None:
+    """The first firing comes three scrapes in, when the core's window holds 15 s: the
+    default is the first whole window of that incident, not those 15 s."""
+    settings = scenario_settings(get_scenario("queue_bound"), None)
+    rec = _joined_late(tmp_path, 120.0, 300.0)
+    at_firing = read_window(rec, build_evaluator(settings), 15.0)
+    assert at_firing.span_seconds <= 15.0
+    obs = read_window(rec, build_evaluator(settings))
+    assert obs.cause == "queue_bound"
+    assert obs.span_seconds >= settings.window_seconds - 5.0  # one scrape interval
+    assert len(obs.intervals) >= 11
+
+
+def test_an_incident_shorter_than_a_window_gives_its_longest_stretch(tmp_path: Path) -> None:
+    settings = scenario_settings(get_scenario("queue_bound"), None)
+    rec = _joined_late(tmp_path, 120.0, 160.0)  # 40 s of recording in all
+    obs = read_window(rec, build_evaluator(settings))
+    assert obs.cause == "queue_bound"
+    assert 30.0 <= obs.span_seconds <= 40.0
+
+
+def test_a_miscalibrated_metric_is_said_and_its_after_marked(tmp_path: Path) -> None:
+    """The replay missing what was measured by more than 20 % on a metric: a warning line
+    naming it, and its `after` marked; the JSON lists it under calibration.off."""
+    rec = write_recording(tmp_path / "rec", "decode_bound", duration=120.0)
+    settings = scenario_settings(get_scenario("decode_bound"), None)
+    obs = read_window(rec, build_evaluator(settings))
+    result = whatif(obs, lambda: build_evaluator(settings), {"kv_cache_dtype": "fp8"})
+    # As if the replay had run 2.25x slow on ITL p99 (the newcomer's 22.5 vs 9.99 ms).
+    measured = result.before["itl_p99_seconds"]
+    assert measured
+    replay = {**result.replay, "itl_p99_seconds": 2.25 * measured}
+    off = misses(result.before, replay)
+    assert off == {"itl_p99_seconds": pytest.approx(1.25)}
+    shown = whatif_command.result_text(dataclasses.replace(result, replay=replay, off=off))
+    [row] = [x for x in shown.splitlines() if x.startswith("itl_p99_seconds")]
+    assert row.endswith(" !")
+    assert "warning: the calibrated replay misses the measured itl_p99_seconds by +125%" in shown
+    others = [x for x in shown.splitlines() if x.startswith("ttft_p99_seconds")]
+    assert others and not others[0].endswith("!")
+
+
+def test_each_change_says_which_term_it_moves(tmp_path: Path) -> None:
+    rec = write_recording(tmp_path / "rec", "decode_bound", duration=120.0)
+    out = vllm_triage(
+        "whatif", str(rec), "--config", str(_config(tmp_path, "decode_bound")),
+        "--change", "kv_cache_dtype=fp8", "--change", "max_num_seqs=64",
+        "--format", "json", cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    first, second = json.loads(out.stdout)["reasons"]
+    assert first.startswith("KV cache in fp8: halves the KV bytes each step reads per token")
+    assert "pool holds 2x the tokens" in first and ";" not in first  # said once, below
+    assert second.startswith("max_num_seqs 64: the batch cap")
+    assert "running" in second and " ms" in second  # what the load made of both
 
 
 class TestTarget:

@@ -4,10 +4,13 @@ to the simulator is tests/diagnosis/test_predict_sim.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from vllm_triage.core import predict
 from vllm_triage.core.model import Quantile, RemediationEffect, Signals
+from vllm_triage.core.predict import ServerTerms, change_reason
 
 
 def _signals(**kw: object) -> Signals:
@@ -115,3 +118,53 @@ class TestFixes:
             "FP8 KV cache: decode step 9.3 ms → 7.1 ms, ITL p99 18 ms → 14 ms"
         )
         assert predict.effect_dict(e)["change"] == {"kv_cache_dtype": "fp8"}
+
+
+class TestChangeReason:
+    """``whatif``'s one line per change: the term it moves, by how much, and what the
+    load made of it."""
+
+    BEFORE = ServerTerms(
+        kv_bytes_per_token=131072.0,
+        weight_bytes=16e9,
+        pool_tokens=100_000,
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        bandwidth_gb_s=3350.0,
+        compute_tflops=989.0,
+        facts=True,
+        running_mean=40.0,
+        step_seconds=0.0249,
+    )
+
+    def test_fp8_kv_that_admits_a_bigger_batch_and_a_slower_step(self) -> None:
+        """The newcomer's case: ITL p99 24.9 -> 52.1 ms with FP8 KV, now with its reason."""
+        after = dataclasses.replace(
+            self.BEFORE,
+            kv_bytes_per_token=65536.0,
+            pool_tokens=200_000,
+            running_mean=84.0,
+            step_seconds=0.0521,
+        )
+        line = change_reason("kv_cache_dtype", "fp8", self.BEFORE, after)
+        assert line == (
+            "KV cache in fp8: halves the KV bytes each step reads per token, and the pool "
+            "holds 2x the tokens; but it admits 2.1x the batch (40 → 84 running), and each "
+            "step reads more: step 24.9 → 52.1 ms"
+        )
+
+    def test_weights_that_shorten_the_step(self) -> None:
+        after = dataclasses.replace(
+            self.BEFORE, weight_bytes=8e9, pool_tokens=150_000, step_seconds=0.015
+        )
+        line = change_reason("dtype", "fp8", self.BEFORE, after)
+        assert line.startswith("weights in fp8: halves the weight bytes each step reads")
+        assert line.endswith("the batch stays at 40 running: step 24.9 → 15 ms")
+
+    def test_without_a_run_it_names_the_term_only(self) -> None:
+        after = dataclasses.replace(
+            self.BEFORE, max_num_seqs=64, running_mean=None, step_seconds=None
+        )
+        line = change_reason("max_num_seqs", 64, self.BEFORE, after)
+        assert line.startswith("max_num_seqs 64: the batch cap 256 → 64 sequences per step")
+        assert ";" not in line

@@ -20,8 +20,12 @@ from vllm_triage.errors import ConfigError, RecordingError, ScrapeError
 
 DESCRIPTION = """\
 Calibrate the simulator to one window of a recording (made by `record`) and run that
-window's load on the server as changed. The window is the one at --at seconds from the
-recording's start (default: the window of the first firing, else the last). From it:
+window's load on the server as changed. The window is the settings' window ending --at
+seconds from the recording's start; by default, the first whole window of the first
+incident (where the incident ended before a whole window, the longest stretch of it;
+with no incident, the last window). A metric whose calibrated replay
+misses what was measured by more than 20 % is said, and its `after` marked (!); each
+change gets one line (why:) saying which term it moves and what the load made of it. From it:
 the arrivals interval by interval, the prompt and output lengths, the queue it began
 with, the KV pool, the card and model (from --config, as the diagnosis used them), and
 the per-step overhead (the measured decode step minus the floor, fitted until the
@@ -117,7 +121,11 @@ def result_dict(r: Any) -> dict[str, Any]:
             },
             "step_overhead_seconds": _finite(r.overhead_s),
             "rounds": r.rounds,
+            # Metrics the replay misses by more than the tolerance: their `after` is not
+            # to be trusted.
+            "off": {k: _finite(v) for k, v in r.off.items()},
         },
+        "reasons": list(r.reasons),
         "notes": list(r.notes),
     }
 
@@ -140,16 +148,26 @@ def result_text(r: Any) -> str:
         f"{d['model_name']}, {d['cause'] or 'nothing'} diagnosed); changes: {changes}",
         f"{'':<30}{'before':>12}{'replay':>12}{'after':>12}",
     ]
+    off = d["calibration"]["off"]
     for key in d["before"]:
+        after = _shown(key, d["after"][key]) + (" !" if key in off else "")
         lines.append(
             f"{key:<30}{_shown(key, d['before'][key]):>12}"
-            f"{_shown(key, d['calibration']['replay'][key]):>12}{_shown(key, d['after'][key]):>12}"
+            f"{_shown(key, d['calibration']['replay'][key]):>12}{after:>14}"
         )
     lines.append(
         "per-step overhead fitted: "
         f"{_shown('s_seconds', d['calibration']['step_overhead_seconds'])}"
-        f" ({d['calibration']['rounds']} rounds)"
+        f" ({counted(d['calibration']['rounds'], 'round')})"
     )
+    for key, error in off.items():
+        lines.append(
+            f"warning: the calibrated replay misses the measured {key} by {error:+.0%} "
+            f"({_shown(key, d['calibration']['replay'][key])} replayed, "
+            f"{_shown(key, d['before'][key])} measured): its `after` (marked !) is not to "
+            "be trusted"
+        )
+    lines.extend(f"why: {reason}" for reason in d["reasons"])
     lines.extend(f"note: {n}" for n in d["notes"])
     return "\n".join(lines)
 

@@ -647,3 +647,116 @@ def _r(v: float | None) -> float | None:
     if v is None or not math.isfinite(v):
         return None
     return float(f"{v:.4g}")
+
+
+# -- why a change moves what it moves (``whatif``'s one line per change) -------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTerms:
+    """The terms of a decode step and of a server's capacity that a change can move, and
+    what the load made of them (the replay's measured batch and step)."""
+
+    kv_bytes_per_token: float
+    weight_bytes: float
+    pool_tokens: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    bandwidth_gb_s: float
+    compute_tflops: float
+    #: Whether the bytes are the model's (False: a nominal server, no card or model facts).
+    facts: bool
+    running_mean: float | None = None
+    step_seconds: float | None = None
+
+
+def _ratio(new: float, old: float) -> str:
+    r = new / old if old else float("inf")
+    if math.isclose(r, 0.5, rel_tol=0.02):
+        return "halves"
+    if math.isclose(r, 2.0, rel_tol=0.02):
+        return "doubles"
+    return f"multiplies by {r:.2g}"
+
+
+def _what_it_makes(before: ServerTerms, after: ServerTerms) -> str:
+    """What the load made of the change: the batch and the decode step, replay against
+    the changed server's run."""
+    run0, run1 = before.running_mean, after.running_mean
+    step0, step1 = before.step_seconds, after.step_seconds
+    if run0 is None or run1 is None or step0 is None or step1 is None:
+        return ""
+    step = f"{step0 * 1e3:.3g} → {step1 * 1e3:.3g} ms"
+    batch = run1 / run0 if run0 > 0 else 1.0
+    if batch >= 1.1:
+        more = f"admits {batch:.2g}x the batch ({run0:.3g} → {run1:.3g} running)"
+        if step1 > step0 * 1.02:
+            return f"; but it {more}, and each step reads more: step {step}"
+        return f"; it {more}: step {step}"
+    if batch <= 0.9:
+        return f"; the batch shrinks to {batch:.2g}x ({run0:.3g} → {run1:.3g} running): step {step}"
+    return f"; the batch stays at {run1:.3g} running: step {step}"
+
+
+def _term(key: str, value: ChangeValue, b: ServerTerms, a: ServerTerms) -> tuple[str, bool]:
+    """What ``key=value`` moves, and whether that depends on the model's bytes."""
+    pool = f"{a.pool_tokens / b.pool_tokens if b.pool_tokens else 1.0:.2g}x the tokens"
+    if key == "kv_cache_dtype":
+        moved = _ratio(a.kv_bytes_per_token, b.kv_bytes_per_token)
+        text = (
+            f"KV cache in {value}: {moved} the KV bytes each step reads per token, and "
+            f"the pool holds {pool}"
+        )
+        return text, True
+    if key == "dtype":
+        moved = _ratio(a.weight_bytes, b.weight_bytes)
+        text = (
+            f"weights in {value}: {moved} the weight bytes each step reads, and the "
+            f"memory freed gives the pool {pool}"
+        )
+        return text, True
+    if key == "tensor_parallel_size":
+        weights, kv = a.weight_bytes / b.weight_bytes, a.kv_bytes_per_token / b.kv_bytes_per_token
+        text = (
+            f"tensor parallelism {value}: each GPU reads {weights:.2g}x the weight bytes "
+            f"and {kv:.2g}x the KV bytes per step (the all-reduce between GPUs is not "
+            "modelled)"
+        )
+        return text, True
+    if key == "gpu":
+        text = (
+            f"card {value}: memory bandwidth {b.bandwidth_gb_s:.4g} → "
+            f"{a.bandwidth_gb_s:.4g} GB/s (the step's bytes are read that much faster), "
+            f"compute {b.compute_tflops:.4g} → {a.compute_tflops:.4g} TFLOPS (the prefill), "
+            f"pool {pool}"
+        )
+        return text, True
+    if key == "max_num_seqs":
+        text = (
+            f"max_num_seqs {value}: the batch cap {b.max_num_seqs} → {a.max_num_seqs} "
+            "sequences per step: more sequences share each step's weight reads and each adds "
+            "its KV reads"
+        )
+        return text, False
+    if key == "max_num_batched_tokens":
+        text = (
+            f"max_num_batched_tokens {value}: each step's token budget "
+            f"{b.max_num_batched_tokens} → {a.max_num_batched_tokens}: bigger prefill chunks "
+            "per step (quicker first tokens, slower steps for the streams beside them)"
+        )
+        return text, False
+    if key == "replicas":
+        return f"{value} replicas: the arrivals split over {value} servers", False
+    if key == "arrival_rate_scale":
+        return f"arrivals x{value}: the same server under {value}x the load", False
+    return f"{key}={value}", False
+
+
+def change_reason(key: str, value: ChangeValue, before: ServerTerms, after: ServerTerms) -> str:
+    """One line: which term of the step or of the capacity ``key=value`` moves, by how
+    much, and what the replayed load made of it (the batch it admitted, the step it
+    took), e.g. "KV cache in fp8: halves the KV bytes each step reads per token, and the
+    pool holds 2x the tokens; but it admits 2.1x the batch, and each step reads more"."""
+    term, by_bytes = _term(key, value, before, after)
+    nominal = " (no card or model facts: only the capacity moves)"
+    return term + (nominal if by_bytes and not before.facts else "") + _what_it_makes(before, after)

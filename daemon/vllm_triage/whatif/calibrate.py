@@ -31,6 +31,7 @@ from vllm_triage.ceiling.sizing import bytes_per_param
 from vllm_triage.core.drive import Driver, Fed
 from vllm_triage.core.evaluate import Evaluator
 from vllm_triage.core.model import ChangeValue, Signals
+from vllm_triage.core.predict import ServerTerms, change_reason
 from vllm_triage.core.roofline import step as roofline
 from vllm_triage.core.rulebook import Roofline
 from vllm_triage.simulator import Phase, Scenario, ServerSpec, Workload, record
@@ -50,6 +51,13 @@ METRICS = (
 #: enough; two or three bring the replay within a few percent.
 FIT_ROUNDS = 3
 FIT_TOLERANCE = 0.03
+
+#: A metric whose calibrated replay misses the measured value by more than this share
+#: is flagged, and its predicted ``after`` marked: the model does not reproduce what it
+#: is asked to change. Where the measured value is small, a miss must also exceed the
+#: metric's own floor (a tenth of a request waiting is not a 20 % error worth a warning).
+CALIBRATION_TOLERANCE = 0.20
+MISS_FLOOR: dict[str, float] = {"requests_waiting_mean": 1.0, "kv_usage_mean": 0.05}
 
 #: vLLM's defaults where the window does not show the setting.
 DEFAULT_MAX_NUM_SEQS = 256
@@ -391,10 +399,45 @@ def changed(server: Server, changes: Mapping[str, ChangeValue]) -> tuple[Server,
     )
 
 
+def misses(
+    before: Mapping[str, float | None], replay: Mapping[str, float | None]
+) -> dict[str, float]:
+    """The metrics the calibrated replay misses by more than ``CALIBRATION_TOLERANCE``
+    (and their floor): metric -> replay / measured - 1."""
+    out = {}
+    for key, want in before.items():
+        got = replay.get(key)
+        if want is None or got is None or want <= 0:
+            continue
+        error = got / want - 1
+        if abs(error) > CALIBRATION_TOLERANCE and abs(got - want) > MISS_FLOOR.get(key, 0.0):
+            out[key] = error
+    return out
+
+
+def terms(server: Server, s: Signals | None) -> ServerTerms:
+    """``server``'s step and capacity terms, with what a run on it measured."""
+    spec = server.spec
+    return ServerTerms(
+        kv_bytes_per_token=spec.kv_bytes_per_token,
+        weight_bytes=spec.weight_bytes,
+        pool_tokens=spec.num_gpu_blocks * spec.block_size,
+        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        bandwidth_gb_s=spec.memory_bandwidth_gb_s,
+        compute_tflops=spec.compute_tflops,
+        facts=spec.weight_bytes > 1.0,
+        running_mean=s.running_mean if s is not None else None,
+        step_seconds=s.itl_mean if s is not None else None,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Result:
     """``before`` measured; ``replay`` the calibrated model's own run of the window;
-    ``after`` the changed server's (one server's, under ``replicas``)."""
+    ``after`` the changed server's (one server's, under ``replicas``). ``off``: the
+    metrics the replay misses by more than ``CALIBRATION_TOLERANCE`` (their ``after`` is
+    not to be trusted); ``reasons``: one line per change, the term it moves and why."""
 
     obs: Observed
     changes: Mapping[str, ChangeValue]
@@ -404,6 +447,8 @@ class Result:
     overhead_s: float
     rounds: int
     notes: list[str] = field(default_factory=list)
+    off: dict[str, float] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
 
 
 def whatif(
@@ -412,6 +457,7 @@ def whatif(
     cal = calibrate(obs, evaluator)
     notes = list(cal.server.notes)
     own = measured(cal.replay)
+    reasons: list[str] = []
     if not changes:
         after = own
     else:
@@ -420,16 +466,25 @@ def whatif(
         scale = float(changes.get("arrival_rate_scale", 1.0))
         replicas = int(changes.get("replicas", 1))
         same = set(changes) <= {"arrival_rate_scale"}
-        after = measured(
-            replay(obs, server, evaluator, scale=scale, replicas=replicas, backlog=same)
-        )
+        run = replay(obs, server, evaluator, scale=scale, replicas=replicas, backlog=same)
+        after = measured(run)
+        was, now = terms(cal.server, cal.replay), terms(server, run)
+        # Each line names the term its change moves; what the load made of them all
+        # together (the batch, the step) is said once, on the last.
+        bare = dataclasses.replace(now, running_mean=None, step_seconds=None)
+        items = list(changes.items())
+        reasons = [change_reason(k, v, was, bare) for k, v in items[:-1]]
+        reasons.append(change_reason(*items[-1], was, now))
+    before = measured(obs.signals)
     return Result(
         obs=obs,
         changes=dict(changes),
-        before=measured(obs.signals),
+        before=before,
         replay=own,
         after=after,
         overhead_s=cal.overhead_s,
         rounds=cal.rounds,
         notes=notes,
+        off=misses(before, own),
+        reasons=reasons,
     )

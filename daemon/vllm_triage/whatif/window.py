@@ -47,6 +47,10 @@ class Observed:
         return sum(count for _, count in self.intervals)
 
 
+#: One accepted evaluation of a recording, with the snapshot it judged.
+Item = tuple[Snapshot, Evaluation]
+
+
 def _count(m: ModelSeries | None) -> tuple[float, float] | None:
     if m is None or m.ttft is None:
         return None
@@ -67,25 +71,71 @@ def _intervals(snapshots: list[Snapshot], model: str) -> tuple[tuple[float, floa
     return tuple(out)
 
 
-def read_window(
-    directory: str | Path, evaluator: Evaluator, at_seconds: float | None = None
-) -> Observed:
-    """The window at ``at_seconds`` from the recording's start; by default the window of
-    the first firing, else the last. ``RecordingError`` when no window has traffic."""
-    items: list[tuple[Snapshot, Evaluation]] = []
+def _evaluated(directory: str | Path, evaluator: Evaluator) -> tuple[float, list[Item]]:
+    """Every accepted evaluation of the recording, and its first scrape's time."""
+    items: list[Item] = []
     start: float | None = None
-    chosen: tuple[int, str] | None = None  # (index in items, model) of the first firing
     for item in fed(directory, Driver(evaluator)):
         if start is None:
             start = item.at if isinstance(item, Skipped) else item.snapshot.at
         if isinstance(item, Skipped) or not item.evaluation.accepted:
             continue
         items.append((item.snapshot, item.evaluation))
-        firing = [t for t in item.evaluation.transitions if t.event == "firing"]
-        if chosen is None and firing and at_seconds is None:
-            chosen = (len(items) - 1, firing[0].model_name)
     if not items or start is None:
         raise RecordingError(f"{directory}: no usable scrape")
+    return start, items
+
+
+@dataclass(frozen=True, slots=True)
+class Incident:
+    """The recording's first incident: its model and cause, the evaluation it fired at,
+    and the last it was still open at (before its resolve, or the recording's last)."""
+
+    model: str
+    cause: str
+    fired: int
+    last: int
+
+
+def first_incident(items: list[Item]) -> Incident | None:
+    for i, (_, evaluation) in enumerate(items):
+        firing = [t for t in evaluation.transitions if t.event == "firing"]
+        if not firing:
+            continue
+        t = firing[0]
+        last = len(items) - 1
+        for j in range(i + 1, len(items)):
+            if any(
+                r.event == "resolved" and r.model_name == t.model_name
+                for r in items[j][1].transitions
+            ):
+                last = j - 1  # the last evaluation at which it was still open
+                break
+        return Incident(t.model_name, t.cause, i, max(i, last))
+    return None
+
+
+def whole_window(items: list[Item], incident: Incident, window_seconds: float) -> int:
+    """The first evaluation of the incident whose window is whole (a window's worth of
+    the recording behind it): the diagnosis's moment, or as near after it as a whole
+    window allows. An incident over before that: its last evaluation, whose window holds
+    the longest stretch of it the recording has."""
+    start = items[0][0].at
+    for k in range(incident.fired, incident.last + 1):
+        if items[k][0].at - start >= window_seconds:
+            return k
+    return incident.last
+
+
+def read_window(
+    directory: str | Path, evaluator: Evaluator, at_seconds: float | None = None
+) -> Observed:
+    """The window at ``at_seconds`` from the recording's start (the settings' window
+    ending there). By default a whole window of the first incident (``whole_window``),
+    or, where the incident ended sooner, the longest stretch of it; with no incident,
+    the last window. ``RecordingError`` when no window has traffic."""
+    start, items = _evaluated(directory, evaluator)
+    incident: Incident | None = None
     if at_seconds is not None:
         target = start + at_seconds
         if target < items[0][0].at:
@@ -95,11 +145,16 @@ def read_window(
             )
         index = max(i for i, (snap, _) in enumerate(items) if snap.at <= target)
     else:
-        index = chosen[0] if chosen is not None else len(items) - 1
+        incident = first_incident(items)
+        index = (
+            whole_window(items, incident, evaluator.window_seconds)
+            if incident is not None
+            else len(items) - 1
+        )
     evaluation = items[index][1]
     models = sorted(evaluation.signals)
-    if chosen is not None and at_seconds is None:
-        model = chosen[1]
+    if incident is not None:
+        model = incident.model
     else:
         # The model with the most first tokens in the window: the one under load.
         model = max(models, key=lambda m: evaluation.signals[m].ttft_count, default="")
@@ -117,6 +172,7 @@ def read_window(
             "(no first token, no inter-token latency): nothing to calibrate to; pick "
             "another with --at"
         )
+    cause = incident.cause if incident is not None else (d.cause if d is not None else None)
     return Observed(
         model=model,
         at=end,
@@ -126,5 +182,5 @@ def read_window(
         intervals=_intervals(inside, model),
         running_first=(first.running or 0.0) if first is not None else 0.0,
         waiting_first=(first.waiting or 0.0) if first is not None else 0.0,
-        cause=d.cause if d is not None else None,
+        cause=cause,
     )
