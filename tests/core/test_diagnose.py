@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from vllm_triage.core.diagnose import diagnose
+from vllm_triage.core.diagnose import _contributing, diagnose
+from vllm_triage.core.facts import facts_of
 
 from support.diagnosis import KV_FULL_PREEMPTING, q, rules, signals
 from support.physics import A10G_70B
@@ -152,3 +153,19 @@ class TestCauses:
         """Missing percentiles (too few observations) never open an incident."""
         d = diagnose(signals(ttft_p99=None, itl_p99=None), rules())
         assert d.cause is None
+
+
+def test_a_cause_with_none_of_the_evidence_is_not_listed_as_contributing() -> None:
+    """Present by its looser sign but with every check failing: 0 % of the evidence, so
+    neither a contribution nor a secondary cause (the alert said "queue_bound (0%)")."""
+    s = signals(waiting_mean=3.0)
+    rulebook = rules()
+    got = _contributing(
+        primary="decode_bound",
+        present=["decode_bound", "queue_bound", "prefill_bound"],
+        confidence={"decode_bound": 1.0, "queue_bound": 0.0, "prefill_bound": 0.5},
+        s=s,
+        f=facts_of(s, rulebook),
+        rules=rulebook,
+    )
+    assert [(c.cause, c.share) for c in got] == [("prefill_bound", 0.33)]

@@ -62,13 +62,16 @@ def _contributing(
 ) -> tuple[Contribution, ...]:
     others: list[Cause] = [c for c in present if c != primary]
     total = confidence[primary] + sum(confidence[c] for c in others)
+    shares = {c: round(confidence[c] / total, 2) if total > 0 else 0.0 for c in others}
+    # A cause with none of the evidence (0 % once rounded) contributes nothing to say.
     return tuple(
         Contribution(
             cause=c,
-            share=round(confidence[c] / total, 2) if total > 0 else 0.0,
+            share=shares[c],
             evidence=prose.contribution_evidence(c, s, f, rules),
         )
         for c in others
+        if shares[c] > 0
     )
 
 
