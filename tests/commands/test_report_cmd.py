@@ -188,3 +188,23 @@ def test_thousands_of_unusable_files_are_counted_not_all_listed(tmp_path: Path) 
     out = write_report(rec, report_parts(load_settings()), tmp_path / "r.html", now=NOW)
     doc = inline_document(out.path)
     assert len(doc["skipped"]) == 50 and doc["skipped_count"] == 60 and out.skipped == 60
+
+
+def test_the_report_shows_its_scrape_gaps(tmp_path: Path) -> None:
+    """Scrapes that are missing (failed, or the daemon was down) are said in the facts,
+    with when and for how long, not only drawn as a break in a line."""
+    folder = write_recording(tmp_path / "rec", "queue_bound", duration=200.0)
+    files = sorted(folder.glob("*.prom"), key=lambda p: int(p.stem))
+    first = int(files[0].stem)
+    for p in files:
+        if 60_000 <= int(p.stem) - first < 100_000:  # 40 s without a scrape
+            p.unlink()
+    settings = load_settings()
+    doc = report_document(folder, report_parts(settings), now=2e9)
+    gaps = dict(doc["facts"])["scrape gaps"]
+    assert gaps.startswith("1 gap (45 s without a scrape): ")
+    whole = write_recording(tmp_path / "whole", "queue_bound", duration=60.0)
+    assert (
+        dict(report_document(whole, report_parts(settings), now=2e9)["facts"])["scrape gaps"]
+        == "none"
+    )

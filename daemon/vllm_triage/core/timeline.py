@@ -160,6 +160,20 @@ def median_interval(times: Sequence[float]) -> float | None:
     return gaps[len(gaps) // 2] if gaps else None
 
 
+#: Two scrapes further apart than this many typical intervals have a gap between them
+#: (scrapes that failed, a daemon that was down): a chart breaks its line there, and the
+#: report lists it.
+GAP_INTERVALS = 2.5
+
+
+def scrape_gaps(times: Sequence[float]) -> list[tuple[float, float]]:
+    """The stretches with no scrape: (last scrape before, first after), in order."""
+    interval = median_interval(times)
+    if interval is None:
+        return []
+    return [(a, b) for a, b in itertools.pairwise(times) if b - a > GAP_INTERVALS * interval]
+
+
 @dataclass(frozen=True, slots=True)
 class Series:
     """Columns ready to draw: ``times`` ascending, one value list per key, aligned; a row of

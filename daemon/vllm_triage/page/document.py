@@ -34,7 +34,13 @@ from vllm_triage.core.predict import effect_dict, effect_text
 from vllm_triage.core.report import iso
 from vllm_triage.core.rulebook import Rulebook
 from vllm_triage.core.series import ChartPoints
-from vllm_triage.core.timeline import Incident, breach_began, for_display, median_interval
+from vllm_triage.core.timeline import (
+    GAP_INTERVALS,
+    Incident,
+    breach_began,
+    for_display,
+    median_interval,
+)
 from vllm_triage.page.spec import PageSpec
 
 #: What each naming era of vLLM's metrics says about the server's version (README,
@@ -171,7 +177,7 @@ def section(
         columns,
         window.causes,
         max_points=spec.max_points,
-        gap_seconds=None if interval is None else 2.5 * interval,
+        gap_seconds=None if interval is None else GAP_INTERVALS * interval,
     )
     return {
         "id": sid,

@@ -18,7 +18,7 @@ from vllm_triage.core.model import Transition
 from vllm_triage.core.report import iso
 from vllm_triage.core.rulebook import Rulebook
 from vllm_triage.core.series import Ring
-from vllm_triage.core.timeline import incidents, median_interval, setting_values
+from vllm_triage.core.timeline import incidents, median_interval, scrape_gaps, setting_values
 from vllm_triage.page.document import (
     ERA_TEXT,
     base_document,
@@ -53,6 +53,22 @@ def _notes(directory: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return notes if isinstance(notes, dict) else {}
+
+
+#: Gaps named one by one in a report's facts (all are counted).
+GAPS_LISTED = 5
+
+
+def gaps_text(times: list[float]) -> str:
+    """The recording's stretches without a scrape: how many, how long in all, and the
+    first few with their times; "none" when every scrape came on time."""
+    gaps = scrape_gaps(times)
+    if not gaps:
+        return "none"
+    missing = sum(b - a for a, b in gaps)
+    listed = ", ".join(f"{iso(a)} to {iso(b)} ({duration(b - a)})" for a, b in gaps[:GAPS_LISTED])
+    more = f", and {len(gaps) - GAPS_LISTED} more" if len(gaps) > GAPS_LISTED else ""
+    return f"{counted(len(gaps), 'gap')} ({duration(missing)} without a scrape): {listed}{more}"
 
 
 def report_document(directory: str | Path, parts: ReportParts, *, now: float) -> dict[str, Any]:
@@ -111,6 +127,7 @@ def report_document(directory: str | Path, parts: ReportParts, *, now: float) ->
         ["span", f"{iso(start)} to {iso(end)} ({duration(end - start)})"],
         ["scrapes", f"{counted(len(files), 'file')}, {len(skipped)} not usable"],
         ["scrape interval", "unknown" if interval is None else f"{interval:g} s (median)"],
+        ["scrape gaps", gaps_text(sorted(files))],
         ["vLLM", str(version) if version else f"not recorded; the metric names say {era_text}"],
         ["metric names", era_text or "none readable"],
         ["decode ceiling", ceiling_text(rules)],

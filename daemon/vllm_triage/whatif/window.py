@@ -115,16 +115,23 @@ def first_incident(items: list[Item]) -> Incident | None:
     return None
 
 
+def _has_traffic(s: Signals | None) -> bool:
+    return s is not None and (s.itl_mean is not None or s.ttft_count > 0)
+
+
 def whole_window(items: list[Item], incident: Incident, window_seconds: float) -> int:
     """The first evaluation of the incident whose window is whole (a window's worth of
-    the recording behind it): the diagnosis's moment, or as near after it as a whole
-    window allows. An incident over before that: its last evaluation, whose window holds
-    the longest stretch of it the recording has."""
+    the recording behind it) and has traffic: the diagnosis's moment, or as near after
+    it as a whole window allows. An incident over before that: its last evaluation, whose
+    window holds the longest stretch of it the recording has; one with no traffic in any
+    such window (an engine hung throughout): the window it fired in."""
     start = items[0][0].at
-    for k in range(incident.fired, incident.last + 1):
-        if items[k][0].at - start >= window_seconds:
+    late = range(incident.fired, incident.last + 1)
+    whole = [k for k in late if items[k][0].at - start >= window_seconds] or [incident.last]
+    for k in whole:
+        if _has_traffic(items[k][1].signals.get(incident.model)):
             return k
-    return incident.last
+    return incident.fired
 
 
 def read_window(
