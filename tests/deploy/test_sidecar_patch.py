@@ -267,6 +267,14 @@ class TestCommand:
             (["--deployment", "a", "--namespace", "LLM", "--output", "x"], "--namespace 'LLM'"),
             (["--deployment", "a", "--port", "9468", "--output", "x"], "--port 9468"),
         ],
+        ids=[
+            "no-deployment",
+            "no-output",
+            "not-a-dns-name",
+            "named-twice",
+            "namespace-not-a-dns-label",
+            "port-is-the-sidecars",
+        ],
     )
     def test_what_cannot_be_applied_is_refused(
         self, tmp_path: Path, argv: list[str], said: str
