@@ -204,7 +204,7 @@ WINGS: dict[str, set[str]] = {
     "store": {"core", "state"},
     # The runtime's rooms: each is handed its parts; none reads the root settings.
     "notify": {"core", "config", "net", "state", "store"} | LEAVES,
-    "target": {"core", "logs", "notify", "state", "store"},
+    "target": {"core", "logs", "notify", "state", "store"} | LEAVES,
     "scrape": {"core", "config", "net", "logs", "recording", "state", "target"} | LEAVES,
     "fleet": {"core", "config", "ceiling", "net", "logs", "notify", "state", "store", "target"}
     | LEAVES,

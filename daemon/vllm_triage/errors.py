@@ -2,15 +2,27 @@
 
     TriageError                 base of everything vllm-triage raises on purpose
     ├── ParseError              the target sent something that is not readable vLLM /metrics
-    │   └── TooCostlyError      ... or something that would cost too much to read
+    │   ├── TooCostlyError      ... or something that would cost too much to read
+    │   └── UnjudgeableError    ... or read, but judging it raised (a bug its data found)
     ├── ConfigError             a settings or rules file is wrong (names the file and key)
     ├── RecordingError          a recording directory cannot be replayed
     └── ScrapeError             a target could not be fetched (dead, slow, non-2xx)
 
 Whose fault it is decides the handling: a ``ParseError`` or ``ScrapeError`` is the
 target's (log it with the target's name, count it, carry on); a ``ConfigError`` is the
-user's (refuse to start, say which key); anything else is a bug of ours and is not caught.
+user's (refuse to start, say which key); anything else is a bug of ours and is not caught,
+except where one target's data is judged (``core.drive.Driver.feed``,
+``target.Target``): there a bug that target's data found is that target's failure
+(``UnjudgeableError``, reason ``evaluate``: counted, logged once, its place in the
+traceback kept), and the other targets are judged as if it were not there.
 """
+
+from __future__ import annotations
+
+import traceback
+
+#: A message from an exception carries at most this much of its text.
+_MESSAGE_CHARS = 300
 
 
 class TriageError(Exception):
@@ -31,6 +43,27 @@ class ParseError(TriageError):
 class TooCostlyError(ParseError):
     """The body would cost more to read than one scrape may (too many lines, a line or
     a label value too long): refused whole, counted under its own reason."""
+
+
+class UnjudgeableError(ParseError):
+    """A body (or a fleet server's signals) that was read but could not be judged: the
+    core raised on its data. ``where`` is the innermost frame, for the bug report."""
+
+    def __init__(self, message: str, *, where: str = "") -> None:
+        self.where = where
+        super().__init__(message)
+
+    @classmethod
+    def of(cls, exc: BaseException) -> UnjudgeableError:
+        """``exc`` (raised while judging) as the target's failure: its type, the start of
+        its text and the innermost frame, never the whole traceback."""
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
+        text = str(exc)[:_MESSAGE_CHARS]
+        return cls(
+            f"judging it failed: {type(exc).__name__}: {text}" + (f" (at {where})" if where else ""),
+            where=where,
+        )
 
 
 class ConfigError(TriageError):

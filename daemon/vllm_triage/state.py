@@ -27,6 +27,24 @@ from vllm_triage.core.series import ChartPoints, Ring
 
 RECENT_TRANSITIONS = 20
 
+#: Why a scrape (or a fleet server's step) gave nothing to judge: a fixed set, so the
+#: label ``reason`` of ``vllm_triage_scrape_failures_total`` is bounded whatever a peer
+#: sends (docs/operations.md lists them); anything else is counted as ``other``.
+FAILURE_REASONS: Mapping[str, str] = {
+    "connect": "refused, unreachable, or the TLS handshake failed",
+    "timeout": "no whole answer within the scrape timeout",
+    "http_status": "an answer with a status other than 2xx",
+    "http_error": "an answer that broke off or was not HTTP",
+    "too_large": "a body over max_body_bytes, once decoded",
+    "encoding": "a compression refused (stacked, or unknown)",
+    "redirect": "a redirect to another origin, or too many",
+    "parse": "not readable vLLM metrics",
+    "too_costly": "more lines, or a longer line or label, than the parse limits allow",
+    "evaluate": "read, but judging it raised (a bug its data found)",
+    "absent": "fleet mode: no series for this server in the query API",
+    "other": "anything else",
+}
+
 
 @dataclass(slots=True)
 class ProbeStats:
@@ -192,6 +210,9 @@ class TargetState:
     transitions: int = 0
     #: model_name values left out because the target exposed too many.
     models_dropped: int = 0
+    #: Scrapes (fleet steps) timed before the last evaluation: the clock went back, and
+    #: the window started again (``Target``).
+    clock_steps_back: int = 0
     #: Fleet mode's query API only: servers beyond ``prometheus.max_servers`` now.
     servers_left_out: int | None = None
     recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))

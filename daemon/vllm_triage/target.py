@@ -25,9 +25,10 @@ from vllm_triage.core.incidents import TrackRecord
 from vllm_triage.core.model import ProbeStatus, Signals, Snapshot, Transition
 from vllm_triage.core.rulebook import Rulebook
 from vllm_triage.core.signals import INCONSISTENT_RESETS
+from vllm_triage.errors import UnjudgeableError
 from vllm_triage.logs import Throttle
 from vllm_triage.notify.notifier import Notifier
-from vllm_triage.state import History, TargetState, View
+from vllm_triage.state import FAILURE_REASONS, History, TargetState, View
 from vllm_triage.store import StateStore
 
 log = structlog.get_logger("vllm_triage.watcher")
@@ -65,6 +66,7 @@ class Health:
         """A tick that gave nothing to evaluate: counted by reason, logged rate-limited."""
         st = self.state
         st.up = False
+        reason = reason if reason in FAILURE_REASONS else "other"
         st.failures[reason] += 1
         message = message[: 2 * LOG_TEXT_CHARS]
         st.last_error = message
@@ -96,6 +98,8 @@ class Target:
         self._store = store
         self._problems = Throttle()
         self._inconsistent = Throttle()
+        self._clock_back = Throttle()
+        self._out_of_order = Throttle()
         #: The incident state last written to the store (written again only on change).
         self._saved: tuple[TrackRecord, ...] = ()
         if store is not None:
@@ -121,11 +125,22 @@ class Target:
         """A tick that gave nothing to evaluate (``Health.failed``)."""
         self.health.failed(reason, message)
 
+    def unjudgeable(self, exc: BaseException) -> None:
+        """Judging this target's data raised (a bug its data found): its failure, counted
+        under ``evaluate`` and logged as any failure is; the other targets never see it."""
+        self.failed("evaluate", str(UnjudgeableError.of(exc)))
+
     def consume(self, snapshot: Snapshot, probe: ProbeStatus | None = None) -> None:
         """A scraped snapshot: evaluate it, publish the result, hand the transitions to
         the notifier. With a store, the incident state and what the notifier did are one
         transaction."""
-        self._saving(lambda: self._publish(evaluate(self.evaluator, snapshot, probe)))
+        self._in_order(snapshot.at)
+        try:
+            evaluation = evaluate(self.evaluator, snapshot, probe)
+        except Exception as exc:  # whatever a peer's data sets off (errors.py)
+            self.unjudgeable(exc)
+            return
+        self._saving(lambda: self._publish(evaluation))
 
     def consume_signals(
         self,
@@ -136,12 +151,38 @@ class Target:
     ) -> None:
         """Fleet mode: signals Prometheus windowed, with each model's own hardware and
         model facts (``Evaluator.judge``); published and notified as ``consume`` does."""
-        self._saving(lambda: self._judge(at, signals, rulebooks, problems))
+        self._in_order(at)
+        try:
+            evaluation = self._judge(at, signals, rulebooks, problems)
+        except Exception as exc:  # whatever a peer's data sets off (errors.py)
+            self.unjudgeable(exc)
+            return
+        self._saving(lambda: self._publish(evaluation))
 
     def resync(self, store: StateStore) -> None:
         """The store came back empty after a failing disk: this target's incidents now."""
         self._saved = self.evaluator.incidents.export()
         store.save_incidents(self.state.name, self._saved)
+
+    def _in_order(self, at: float) -> None:
+        """A time before the last evaluation's: the wall clock went back (an NTP step, a
+        VM restored). Refused as out of order, every scrape would be dropped until the
+        clock caught up, with ``up`` at 1; instead the window starts again from this
+        one (``Evaluator.restart_window``), counted and said once (then once a minute
+        while it keeps happening). The same time twice is a duplicate, refused."""
+        last = self.evaluator.last_at
+        if last is None or at >= last:
+            return
+        self.evaluator.restart_window()
+        self.state.clock_steps_back += 1
+        self._clock_back.warn(
+            log,
+            "clock_went_back",
+            count="times_since_last_log",
+            target=self.state.name,
+            back_seconds=round(last - at, 3),
+            consequence="the window starts again from this scrape",
+        )
 
     def _saving(self, evaluate: Callable[[], None]) -> None:
         if self._store is None:
@@ -160,7 +201,7 @@ class Target:
         signals: Mapping[str, Signals],
         rulebooks: Mapping[str, Rulebook],
         problems: tuple[str, ...],
-    ) -> None:
+    ) -> Evaluation:
         if len(signals) > self._max_models:
             keep = sorted(signals)[: self._max_models]
             self.state.models_dropped += len(signals) - len(keep)
@@ -168,7 +209,7 @@ class Target:
         for rules in rulebooks.values():
             self.state.ceiling = rules.ceiling  # what the API shows: the server's card
             break
-        self._publish(self.evaluator.judge(at, signals, rulebooks, problems))
+        return self.evaluator.judge(at, signals, rulebooks, problems)
 
     def _publish(self, evaluation: Evaluation) -> None:
         st = self.state
@@ -179,7 +220,9 @@ class Target:
             self._log_problems(evaluation.problems)
         self._log_inconsistent(evaluation)
         if not evaluation.accepted:
-            log.warning("snapshot_out_of_order", target=st.name, at=at)
+            self._out_of_order.warn(
+                log, "snapshot_out_of_order", count="times_since_last_log", target=st.name, at=at
+            )
             return
         if st.history is not None:
             st.history.record(evaluation)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from vllm_triage.commands.argtypes import http_url, positive_float, positive_int
+from vllm_triage.errors import TriageError
 
 if TYPE_CHECKING:
     from vllm_triage.core.evaluate import Evaluation
@@ -40,7 +41,9 @@ EXIT: dict[Verdict, int] = {"healthy": 0, "incident": 1, "cannot_tell": 3}
 #: Fixes shown in the text output; the rest are in --format json.
 FIXES_SHOWN = 3
 #: A first scrape failing for one of these reasons ends the check: waiting will not help.
-FATAL_FIRST = frozenset({"connect", "http_status", "parse", "too_large"})
+FATAL_FIRST = frozenset(
+    {"connect", "http_status", "parse", "too_costly", "evaluate", "too_large"}
+)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -154,7 +157,7 @@ def check(
         fed = driver.feed(body, at)
         if isinstance(fed, Unusable):
             errors[not_metrics_hint(url, fed.error)[:500]] += 1
-            return "parse"
+            return fed.reason
         ok += 1
         last = fed.evaluation
         return ""
@@ -288,6 +291,15 @@ def run(args: argparse.Namespace) -> int:
             config=args.config,
             progress=progress,
         )
+    except TriageError:
+        raise  # a settings error: exit 2, said by the command line
+    except Exception as exc:
+        # Whatever the server's answer set off: "cannot tell" (3), never a traceback's
+        # exit 1, which a monitoring plugin reads as an incident.
+        from vllm_triage.errors import UnjudgeableError
+
+        print(f"vllm-triage check: cannot tell: {UnjudgeableError.of(exc)}", file=sys.stderr)
+        return EXIT["cannot_tell"]
     finally:
         if progress is not None:
             sys.stderr.write("\r\x1b[K")

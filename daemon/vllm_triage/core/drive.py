@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from vllm_triage.core.evaluate import Evaluation, Evaluator
 from vllm_triage.core.model import ProbeStatus, Snapshot
 from vllm_triage.core.parse import ParseLimits, SnapshotParser, finish
-from vllm_triage.errors import ParseError, TooCostlyError
+from vllm_triage.errors import ParseError, TooCostlyError, UnjudgeableError
 
 
 @dataclass(frozen=True, slots=True)
 class Unusable:
     """A body the core could not read: ``reason`` is ``parse`` (not readable vLLM
-    metrics) or ``too_costly`` (refused whole by the parse limits)."""
+    metrics), ``too_costly`` (refused whole by the parse limits) or ``evaluate`` (read,
+    but judging it raised: ``UnjudgeableError``)."""
 
     at: float
     reason: str
@@ -87,8 +88,13 @@ class Driver(Reader):
         self.evaluator = evaluator
 
     def feed(self, body: bytes, at: float) -> Fed | Unusable:
-        """Parse ``body`` and judge it."""
+        """Parse ``body`` and judge it. A body whose data makes the core raise is that
+        body's failure (``evaluate``), never the loop's: the next body is judged."""
         snapshot = self.read(body, at)
         if isinstance(snapshot, Unusable):
             return snapshot
-        return Fed(snapshot, evaluate(self.evaluator, snapshot))
+        try:
+            evaluation = evaluate(self.evaluator, snapshot)
+        except Exception as exc:  # whatever a peer's data sets off (errors.py)
+            return Unusable(at, "evaluate", UnjudgeableError.of(exc))
+        return Fed(snapshot, evaluation)

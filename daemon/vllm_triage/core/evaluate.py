@@ -109,6 +109,23 @@ class Evaluator:
         self._warming = {r.model_name for r in records}
         self._warm_from = None
 
+    @property
+    def last_at(self) -> float | None:
+        """The time of the last evaluation accepted (None before the first)."""
+        return self._last_at
+
+    def restart_window(self) -> None:
+        """Start the window again, empty: the clock went back (an NTP step, a VM restored
+        from a snapshot), so the snapshots held are from a future that will not come, and
+        every new one would be refused as out of order until the clock caught up with
+        them. Open incidents carry on as after a restore (the module's note): a young
+        window's clear evaluations do not resolve them for one window."""
+        self.window = Window(self.window_seconds, min_observations=self.window.min_observations)
+        self._last_at = None
+        self._warming = {a.model_name for a in self.incidents.active()}
+        self._warm_from = None
+        self._thin_since.clear()
+
     def _warming_up(self, model: str, d: Diagnosis, at: float) -> bool:
         """Whether this clear evaluation is too early after a restore to count."""
         if not self._warming:

@@ -48,7 +48,7 @@ from vllm_triage.core.names import (
     PREFIXES,
     SAMPLES,
 )
-from vllm_triage.core.roofline.kvpool import parse_cache_config
+from vllm_triage.core.roofline.kvpool import beyond_bounds, parse_cache_config, read_pool
 from vllm_triage.errors import ParseError, TooCostlyError
 
 _T = TypeVar("_T")
@@ -485,12 +485,16 @@ def _steps(accs: dict[tuple[str, str, str], _Acc], model: str) -> float | None:
 def _kv_pool(pools: list[LabelSet], problems: list[str]) -> KVPool | None:
     if not pools:
         return None
-    try:
-        block = {int(p["block_size"]) for p in pools}
-        blocks = sum(int(p["num_gpu_blocks"]) for p in pools)
-    except (KeyError, ValueError):
+    # A number no card could hold is a peer's, not a pool: unknown, and said.
+    beyond = next(filter(None, map(beyond_bounds, pools)), None)
+    if beyond is not None:
+        problems.append(beyond)
+    sizes = [read_pool(p) for p in pools]
+    if None in sizes:
         # vLLM prints "None" before the pool is profiled; not a fault of the target.
         return None
+    block = {size[0] for size in sizes if size is not None}
+    blocks = sum(size[1] for size in sizes if size is not None)
     if len(block) != 1 or blocks <= 0:
         problems.append("cache_config_info: engines disagree on block_size; pool size unknown")
         return None

@@ -16,7 +16,6 @@ does with a scrape.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import reprlib
 from collections.abc import Callable, Iterable, Mapping
@@ -26,7 +25,7 @@ from typing import Any
 from vllm_triage.core.engines import balance_means
 from vllm_triage.core.model import CacheConfig, GaugeStats, Histogram, Progress, WindowTotals
 from vllm_triage.core.names import HISTOGRAM_FIELDS, MAX_ENGINES, label_value
-from vllm_triage.core.roofline.kvpool import parse_cache_config
+from vllm_triage.core.roofline.kvpool import beyond_bounds, parse_cache_config, read_pool
 from vllm_triage.fleet.queries import BUCKET_FIELDS, COUNTERS, DCGM_MODEL, POOL_LABELS
 
 Row = Mapping[str, Any]
@@ -171,10 +170,15 @@ class Fleet:
                 model.values[key] = value
 
     def _pool(self, server: Server, metric: Mapping[str, str]) -> None:
-        engine, block, blocks = (metric.get(k, "") for k in POOL_LABELS[:3])
+        engine = metric.get(POOL_LABELS[0], "")
+        # A number no card could hold is a peer's, not a pool: unknown, and said.
+        beyond = beyond_bounds(metric)
+        if beyond is not None:
+            server.problems.append(beyond)
         # vLLM says "None" before it has profiled the pool: not known yet, not a fault.
-        with contextlib.suppress(ValueError):
-            server.pool[engine] = (int(block), int(blocks))
+        size = read_pool(metric)
+        if size is not None:
+            server.pool[engine] = size
             server.cache[engine] = parse_cache_config(metric)
 
     def _dcgm(

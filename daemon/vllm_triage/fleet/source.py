@@ -289,7 +289,9 @@ class PrometheusSource:
             name_of=lambda labels: target_name(labels, self.source.identity_labels),
         )
         try:
-            if self._last is not None and at <= self._last:
+            # The same step twice is skipped; an earlier one (the clock went back) is
+            # judged, and each server's window starts again there (``Target``).
+            if at == self._last:
                 return
             present = await self.exposed(at)
             if present != self.present:
@@ -396,28 +398,35 @@ class PrometheusSource:
         for name, server in sorted(owned.items()):
             if not server.models:
                 continue  # only a KV pool so far: nothing to judge
-            pod = tuple(server.labels.get(k, "") for k in join)
-            gpus = fleet.dcgm_gpus.get(pod) if any(pod) else None
-            card = Card(gpus) if gpus else None
-            dram = fleet.dcgm_dram.get(pod) if any(pod) else None
-            pool, cache = server.pool_tokens(), server.cache_config()
-            rulebooks = {m: self.hardware.resolve(server.labels, m, card) for m in server.models}
-            signals = {
-                m: signals_from_totals(
-                    totals(
-                        server,
-                        m,
-                        at,
-                        window,
-                        pool_tokens=pool,
-                        kv_cache=cache,
-                        dram_active=dram,
-                        stall_seconds=self.plan.stall_seconds,
-                    ),
-                    min_obs,
-                )
-                for m in server.models
-            }
             target = self._target(name, server.labels)
             target.state.attempted(at)
+            try:
+                pod = tuple(server.labels.get(k, "") for k in join)
+                gpus = fleet.dcgm_gpus.get(pod) if any(pod) else None
+                card = Card(gpus) if gpus else None
+                dram = fleet.dcgm_dram.get(pod) if any(pod) else None
+                pool, cache = server.pool_tokens(), server.cache_config()
+                rulebooks = {
+                    m: self.hardware.resolve(server.labels, m, card) for m in server.models
+                }
+                signals = {
+                    m: signals_from_totals(
+                        totals(
+                            server,
+                            m,
+                            at,
+                            window,
+                            pool_tokens=pool,
+                            kv_cache=cache,
+                            dram_active=dram,
+                            stall_seconds=self.plan.stall_seconds,
+                        ),
+                        min_obs,
+                    )
+                    for m in server.models
+                }
+            except Exception as exc:  # whatever one server's rows set off (errors.py)
+                # That server's failure alone: the servers after it are judged this tick.
+                target.unjudgeable(exc)
+                continue
             target.consume_signals(at, signals, rulebooks, tuple(server.problems))

@@ -100,6 +100,11 @@ class Scraper:
         except ScrapeError as exc:
             target.failed(exc.reason, str(exc))
             return
+        except Exception as exc:  # whatever a peer's bytes set off (errors.py)
+            # This target's failure, counted and logged once; never the scheduler's
+            # traceback with the target frozen at its last view.
+            target.unjudgeable(exc)
+            return
         except asyncio.CancelledError:
             # Only shutdown cancels a scrape (a timeout arrives as ScrapeError): one that
             # started as the scheduler stopped is not the target's fault, and letting the

@@ -284,9 +284,16 @@ class TriageCollector(Collector):
             "max_models_per_target.",
             labels=("target",),
         )
+        clock_back = CounterMetricFamily(
+            P + "clock_steps_back",
+            "Scrapes timed before the last evaluation (the wall clock went back): each "
+            "started the window again.",
+            labels=("target",),
+        )
         for t in targets:
             up.add_metric((t.name,), 1.0 if t.up else 0.0)
             dropped.add_metric((t.name,), t.models_dropped)
+            clock_back.add_metric((t.name,), t.clock_steps_back)
             scrapes.add_metric((t.name,), t.scrapes)
             skipped.add_metric((t.name,), t.skipped_ticks)
             problems.add_metric((t.name,), t.series_problems)
@@ -296,7 +303,7 @@ class TriageCollector(Collector):
                 last.add_metric((t.name,), t.last_success_at)
             for reason, n in sorted(t.failures.items()):
                 failures.add_metric((t.name, reason), n)
-        yield from (up, duration, last, scrapes, failures, skipped, problems, dropped)
+        yield from (up, duration, last, scrapes, failures, skipped, problems, dropped, clock_back)
         fleet = [t for t in targets if t.servers_left_out is not None]
         if fleet:  # fleet mode only
             left_out = GaugeMetricFamily(

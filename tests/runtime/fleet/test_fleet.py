@@ -850,3 +850,78 @@ class TestHostileAnswers:
         assert set(source.targets) == {f"vllm/s{i}:8000" for i in range(5)}
         assert source.api.state.servers_left_out == 3
         assert len(said) == 1 and said[0]["left_out"] == 3 and said[0]["judged"] == 5
+
+
+class TestOneServerNeverBlindsTheRest:
+    """Whatever one server's rows set off is that server's failure: the servers sorting
+    after it are judged on the same tick."""
+
+    def test_a_400_digit_pool_label_is_an_unknown_pool_not_a_stopped_tick(self) -> None:
+        """Before: ``num_gpu_blocks`` of 400 digits raised OverflowError in the tick's
+        loop over servers: every server sorting after it froze (24 evaluations of a
+        healthy neighbour against 60). Now its pool is unknown, said in its problems, and
+        every server is judged on every tick."""
+        fake = Fake()
+        fake.servers = {"a:8000": "queue_bound", "b:8000": "healthy", "c:8000": "queue_bound"}
+        answer = fake.answer
+
+        def hostile_pool(query: str, at: float) -> list[dict[str, Any]]:
+            rows = answer(query, at)
+            for row in rows:
+                if row["key"] == "pool" and row["metric"]["instance"] == "a:8000":
+                    row["metric"].update(num_gpu_blocks="9" * 400, kv_cache_size_tokens="None")
+            return rows
+
+        fake.answer = hostile_pool  # type: ignore[method-assign]
+        times = warm(fake, [NOW - 2 * STEP, NOW - STEP, NOW])
+        with query_api(fake) as url, capture_logs():
+            source = run_ticks(fleet_settings(url), times, fake=fake)
+        for name in ("vllm/a:8000", "vllm/b:8000", "vllm/c:8000"):
+            st = source.targets[name].state
+            assert st.scrapes == 3 and st.up and not st.failures, (name, st.failures)
+            assert st.view is not None and st.view.evaluation.at == NOW
+        a = source.targets["vllm/a:8000"].state
+        assert a.series_problems >= 3
+        assert a.view is not None and any("beyond what any card" in p for p in a.view.evaluation.problems)
+
+    def test_an_exception_from_one_servers_rows_is_its_counted_failure(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A bug that one server's rows find (here: resolving its card raises) fails that
+        server alone, under ``evaluate``, logged once; the others are judged."""
+        fake = Fake()
+        fake.servers = {"a:8000": "healthy", "b:8000": "queue_bound", "c:8000": "healthy"}
+        times = warm(fake, [NOW - 2 * STEP, NOW - STEP, NOW])
+        resolve = HardwareResolver.resolve
+
+        def fails_for_b(self: HardwareResolver, labels: Any, *rest: Any) -> Any:
+            if labels.get("instance") == "b:8000":
+                raise OverflowError("int too large to convert to float")
+            return resolve(self, labels, *rest)
+
+        monkeypatch.setattr(HardwareResolver, "resolve", fails_for_b)
+        with query_api(fake) as url, capture_logs() as logs:
+            source = run_ticks(fleet_settings(url), times, fake=fake)
+        b = source.targets["vllm/b:8000"].state
+        assert b.failures == {"evaluate": 3} and not b.up and "OverflowError" in b.last_error
+        said = [e for e in logs if e["event"] == "scrape_failed" and e["target"] == "vllm/b:8000"]
+        assert len(said) == 1
+        for name in ("vllm/a:8000", "vllm/c:8000"):
+            st = source.targets[name].state
+            assert st.up and not st.failures and st.view is not None
+            assert st.view.evaluation.at == NOW
+        assert source.api.state.up and not source.api.state.failures
+
+    def test_a_clock_that_goes_back_is_judged_from_there(self) -> None:
+        """Before: a tick timed before the last was skipped, every tick until the clock
+        caught up, the query API still up. Now it is judged, each server's window
+        starting again (said once per server)."""
+        fake = Fake()
+        fake.servers = {"a:8000": "queue_bound"}
+        times = warm(fake, [NOW - STEP, NOW, NOW - 300, NOW - 300 + STEP])
+        with query_api(fake) as url, capture_logs() as logs:
+            source = run_ticks(fleet_settings(url), times, fake=fake)
+        st = source.targets["vllm/a:8000"].state
+        assert st.view is not None and st.view.evaluation.at == NOW - 300 + STEP
+        assert st.clock_steps_back == 1
+        assert len([e for e in logs if e["event"] == "clock_went_back"]) == 1

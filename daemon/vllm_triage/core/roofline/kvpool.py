@@ -59,12 +59,67 @@ _RESERVE_LOW = (0.5 * GIB, 0.0)
 _RESERVE_HIGH = (1.0 * GIB, 0.10)
 
 
-def _positive_int(text: str | None) -> int | None:
+#: The most one GPU's KV pool could hold: 1 TiB (the largest card sold holds 288 GB), and
+#: as many tokens (a token's keys and values take a byte at the very least). The labels
+#: are a peer's strings: a number beyond these is no card's pool (a 400-digit
+#: ``num_gpu_blocks`` does not fit a float, and the arithmetic would raise on it), so it
+#: is unknown, and said.
+MAX_POOL_BYTES = 2**40
+MAX_POOL_TOKENS = 2**40
+
+#: The integer labels read, and the bound on each (``block_size`` x ``num_gpu_blocks``,
+#: the pool's tokens, is held to ``MAX_POOL_TOKENS`` too).
+_BOUNDS: dict[str, int] = {
+    "num_gpu_blocks": MAX_POOL_TOKENS,
+    "block_size": MAX_POOL_TOKENS,
+    "kv_cache_size_tokens": MAX_POOL_TOKENS,
+    "kv_cache_memory_bytes": MAX_POOL_BYTES,
+}
+
+
+def _whole(text: str | None) -> int | None:
+    """``text`` as a whole number; None when it is not one ("None", absent, "1.5", or
+    more digits than Python converts)."""
     try:
-        value = int(str(text).strip())
+        return int(str(text).strip())
     except ValueError:
         return None
-    return value if value > 0 else None
+
+
+def _positive_int(text: str | None, cap: int = MAX_POOL_TOKENS) -> int | None:
+    value = _whole(text)
+    return value if value is not None and 0 < value <= cap else None
+
+
+def read_pool(labels: Mapping[str, str]) -> tuple[int, int] | None:
+    """One engine's (block_size, num_gpu_blocks), when both are whole numbers a card's
+    pool could hold; None otherwise (vLLM prints "None" before it has profiled the pool;
+    a number beyond the bounds is ``beyond_bounds``'s to say)."""
+    block = _positive_int(labels.get("block_size"))
+    blocks = _positive_int(labels.get("num_gpu_blocks"))
+    if block is None or blocks is None or block * blocks > MAX_POOL_TOKENS:
+        return None
+    return block, blocks
+
+
+def beyond_bounds(labels: Mapping[str, str]) -> str | None:
+    """Why a ``cache_config_info`` sample's pool is unknown although it gave numbers: the
+    labels whose number no card could hold (the problem a snapshot carries), else None."""
+    over = [
+        name
+        for name, cap in _BOUNDS.items()
+        if (value := _whole(labels.get(name))) is not None and value > cap
+    ]
+    block = _positive_int(labels.get("block_size"))
+    blocks = _positive_int(labels.get("num_gpu_blocks"))
+    if not over and block is not None and blocks is not None and block * blocks > MAX_POOL_TOKENS:
+        over.append("block_size x num_gpu_blocks")
+    if not over:
+        return None
+    return (
+        f"cache_config_info: {', '.join(over)} beyond what any card could hold "
+        f"({MAX_POOL_TOKENS:,} tokens, {MAX_POOL_BYTES:,} bytes); the pool is unknown"
+    )
 
 
 def _fraction(text: str | None) -> float | None:
@@ -76,14 +131,21 @@ def _fraction(text: str | None) -> float | None:
 
 
 def parse_cache_config(labels: Mapping[str, str]) -> CacheConfig:
-    """Read the labels of one ``vllm:cache_config_info`` sample (unknown labels ignored)."""
+    """Read the labels of one ``vllm:cache_config_info`` sample (unknown labels ignored;
+    a number beyond what a card could hold is unknown, ``beyond_bounds`` says which)."""
+    block = _positive_int(labels.get("block_size"))
+    blocks = _positive_int(labels.get("num_gpu_blocks"))
+    if block is not None and blocks is not None and block * blocks > MAX_POOL_TOKENS:
+        block = blocks = None
     return CacheConfig(
-        num_gpu_blocks=_positive_int(labels.get("num_gpu_blocks")),
-        block_size=_positive_int(labels.get("block_size")),
+        num_gpu_blocks=blocks,
+        block_size=block,
         kv_cache_size_tokens=_positive_int(labels.get("kv_cache_size_tokens")),
         gpu_memory_utilization=_fraction(labels.get("gpu_memory_utilization")),
         cache_dtype=(labels.get("cache_dtype") or "auto").strip().lower(),
-        kv_cache_memory_bytes=_positive_int(labels.get("kv_cache_memory_bytes")),
+        kv_cache_memory_bytes=_positive_int(
+            labels.get("kv_cache_memory_bytes"), cap=MAX_POOL_BYTES
+        ),
     )
 
 

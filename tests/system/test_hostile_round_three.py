@@ -1,0 +1,97 @@
+"""Hostile input, round three: what was added since round two (``whatif``, ``render``,
+``run --record``, the facts read from ``vllm:cache_config_info``, the Slack builder),
+each finding as a test against the daemon as its own process (``vllm-triage run``) or the
+installed command, asserting counts and bounds. What each measured is printed
+(``pytest -n 0 -s tests/system/test_hostile_round_three.py | grep FIGURE``); time and
+memory are printed, never asserted (the bench does that: bench/bench_hostile.py).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from support.daemonproc import GOOD, body, cli, figure, run_daemon, target
+from support.localserver import serving
+from support.paths import RECORDINGS
+
+BIG = "9" * 400
+
+
+def with_labels(text: str, **labels: str) -> str:
+    """``text`` with these ``cache_config_info`` label values swapped in."""
+    for name, value in labels.items():
+        text, n = re.subn(rf'\b{name}="[^"]*"', f'{name}="{value}"', text)
+        assert n, name
+    return text
+
+
+HOSTILE_POOL = dict(num_gpu_blocks=BIG, block_size=BIG, kv_cache_size_tokens=BIG)
+
+
+def tracebacks(log: str) -> list[str]:
+    return [line for line in log.splitlines() if "Traceback" in line]
+
+
+# -- 1. a 400-digit integer in a cache_config_info label -------------------------------------
+
+
+def test_a_400_digit_pool_label_freezes_no_target(tmp_path: Path) -> None:
+    """Before: every evaluation of that target raised OverflowError (a 38-line traceback
+    per scrape, nothing counted), the target frozen at ``up`` 1. Now its pool is unknown,
+    counted as an unusable series and said once; it and its neighbour are judged on
+    every scrape."""
+    hostile = with_labels(GOOD.decode(), **HOSTILE_POOL).encode()
+    with serving(body(hostile)) as bad, serving(body(GOOD)) as good:
+        config = {
+            "interval_seconds": 0.3,
+            "hardware": {"gpu": "H100 SXM"},
+            "targets": [target("bad", bad.url("/metrics")), target("good", good.url("/metrics"))],
+        }
+        with run_daemon(tmp_path, config) as d:
+            assert d.until(lambda: d.value("vllm_triage_scrapes_total", target="bad") >= 10, 30)
+            counts = {
+                n: (
+                    d.value("vllm_triage_scrapes_total", target=n),
+                    d.total("vllm_triage_scrape_failures_total", target=n),
+                    d.value("vllm_triage_target_up", target=n),
+                )
+                for n in ("bad", "good")
+            }
+            unusable = d.value("vllm_triage_series_unusable_total", target="bad")
+            said = [
+                e for e in d.logs() if e.get("event") == "series_unusable" and e["target"] == "bad"
+            ]
+            api = d.api("/api/v1/diagnoses?target=bad")
+            peak = d.peak_mb()
+        log = d.log_path.read_text()
+    figure("pool-label", scrapes=counts["bad"][0], unusable=unusable, peak_rss_mb=peak)
+    for name, (scrapes, failed, up) in counts.items():
+        assert scrapes >= 10 and failed == 0 and up == 1, (name, counts)
+    assert unusable >= 10 and len(said) == 1
+    assert "beyond what any card could hold" in str(said[0]["problems"])
+    # Judged: its model has a diagnosis, with the pool's size unknown.
+    (doc,) = api["targets"]
+    assert doc["up"] and doc["models"], doc
+    assert all(m["signals"]["kv_pool_tokens"] is None for m in doc["models"])
+    assert not tracebacks(log), tracebacks(log)[:3]
+
+
+@pytest.mark.parametrize("command", ["replay", "report", "whatif"])
+def test_the_commands_read_a_recording_with_a_400_digit_pool_label(
+    tmp_path: Path, command: str
+) -> None:
+    """Before: ``replay``, ``report`` and ``whatif`` crashed with a traceback on the first
+    file. Now they read every file."""
+    rec = tmp_path / "rec"
+    rec.mkdir()
+    for f in sorted((RECORDINGS / "kv").glob("*.prom")):
+        (rec / f.name).write_text(with_labels(f.read_text(), **HOSTILE_POOL))
+    args = {"replay": [], "report": ["--out", str(tmp_path / "r.html")], "whatif": []}[command]
+    rc, out, seconds, peak = cli(command, str(rec), *args, timeout=120)
+    figure("pool-label-commands", command=command, rc=rc, seconds=seconds, peak_rss_mb=peak)
+    assert rc == 0 and "Traceback" not in out, out[-2000:]
+    if command == "replay":
+        assert "replayed 24 files (0 skipped)" in out
