@@ -61,7 +61,8 @@ class UnjudgeableError(ParseError):
         where = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else ""
         text = str(exc)[:_MESSAGE_CHARS]
         return cls(
-            f"judging it failed: {type(exc).__name__}: {text}" + (f" (at {where})" if where else ""),
+            f"judging it failed: {type(exc).__name__}: {text}"
+            + (f" (at {where})" if where else ""),
             where=where,
         )
 

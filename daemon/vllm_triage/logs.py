@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import textwrap
 import time
@@ -50,8 +51,26 @@ def key_values(fields: Mapping[str, Any], *, indent: str = "    ") -> list[str]:
     )
 
 
+#: What a terminal obeys: control characters (ESC starts its escape sequences, a newline
+#: a line of the text's choosing) and Unicode's line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _shown(value: Any) -> Any:
+    """A field's value as a terminal shows it and never obeys it: control characters in
+    its strings (a peer's model or engine name) as their escapes (``\\x1b``)."""
+    if isinstance(value, str):
+        return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), value)
+    if isinstance(value, Mapping):
+        return {k: _shown(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_shown(v) for v in value]
+    return value
+
+
 class ConsoleWithIncidents:
-    """structlog's console renderer, except for incident transitions (see the module)."""
+    """structlog's console renderer, except for incident transitions (see the module).
+    Every string a field holds is shown with its control characters escaped."""
 
     def __init__(self, *, colors: bool) -> None:
         self.colors = colors
@@ -61,6 +80,7 @@ class ConsoleWithIncidents:
         return f"{BOLD}{color}{text}{RESET}" if self.colors else text
 
     def __call__(self, logger: Any, name: str, event_dict: MutableMapping[str, Any]) -> str:
+        event_dict = {k: v if k == "exception" else _shown(v) for k, v in event_dict.items()}
         if event_dict.get("event") not in INCIDENT_EVENTS:
             return str(self.inner(logger, name, event_dict))
         fields = dict(event_dict)

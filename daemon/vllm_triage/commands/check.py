@@ -41,9 +41,7 @@ EXIT: dict[Verdict, int] = {"healthy": 0, "incident": 1, "cannot_tell": 3}
 #: Fixes shown in the text output; the rest are in --format json.
 FIXES_SHOWN = 3
 #: A first scrape failing for one of these reasons ends the check: waiting will not help.
-FATAL_FIRST = frozenset(
-    {"connect", "http_status", "parse", "too_costly", "evaluate", "too_large"}
-)
+FATAL_FIRST = frozenset({"connect", "http_status", "parse", "too_costly", "evaluate", "too_large"})
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -248,7 +246,10 @@ def _text(result: dict[str, Any]) -> str:
                 f"waiting {_fmt(m['requests_waiting_mean'])}"
             )
         lines.extend(_facts(m.get("evidence", {})))
-    return "\n".join(lines)
+    # A peer's names on one line each, shown and never obeyed (core.shown).
+    from vllm_triage.core.shown import one_line
+
+    return "\n".join(one_line(line) for line in lines)
 
 
 def _facts(evidence: dict[str, Any]) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Any
 from vllm_triage.commands.argtypes import http_url, positive_float
 from vllm_triage.core.counts import counted
 from vllm_triage.core.predict import CHANGE_KEYS
+from vllm_triage.core.shown import one_line
 from vllm_triage.errors import ConfigError, RecordingError, ScrapeError
 
 DESCRIPTION = """\
@@ -169,7 +170,8 @@ def result_text(r: Any) -> str:
         )
     lines.extend(f"why: {reason}" for reason in d["reasons"])
     lines.extend(f"note: {n}" for n in d["notes"])
-    return "\n".join(lines)
+    # A peer's names on one line each, shown and never obeyed (core.shown).
+    return "\n".join(one_line(line) for line in lines)
 
 
 def watch(

@@ -19,13 +19,21 @@ an alert's identity in Alertmanager, so they must not change while the episode l
 what does change (the current cause after a change, why it changed, the contributing
 causes) is in the annotations: ``cause``, ``cause_changed_from``, ``cause_change`` and
 ``contributing``.
+
+Who reads an alert in the end is Alertmanager's receivers' business (Slack, a pager, an
+email), each with its own markup: so a peer's text in the labels and annotations (model
+and engine names, a server's labels) is kept to one line with its control characters
+shown as escapes (``core.shown.one_line``), each annotation is cut to
+``ANNOTATION_MAX_CHARS``, and markup is left to each receiver. The list annotations
+(``remediation``, ``predicted_effects``, ``contributing``) keep their one item per line.
+``slack_payload`` escapes for Slack.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -33,6 +41,7 @@ from urllib.parse import quote
 
 from vllm_triage.core.model import Cause, Diagnosis, Transition
 from vllm_triage.core.predict import effect_text
+from vllm_triage.core.shown import one_line, slack, slack_code
 
 ALERTNAMES: dict[Cause, str] = {
     "stalled": "VllmEngineStalled",
@@ -200,7 +209,7 @@ def deciding_text(cause: Cause, d: Diagnosis) -> str:
 
 def contributing_text(d: Diagnosis) -> str:
     """The contributing causes, one line each: cause, share of the evidence, what shows it."""
-    return "\n".join(f"- {c.cause} ({c.share:.0%}): {c.evidence}" for c in d.contributing)
+    return _items(f"{c.cause} ({c.share:.0%}): {c.evidence}" for c in d.contributing)
 
 
 #: The labels the daemon sets itself, and those the alert-label contract keeps for labels
@@ -219,14 +228,15 @@ def alert_labels(
     server: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """An alert's identity: the daemon's own labels and the server's identity labels
-    (``server``; an empty value is left out, as Alertmanager treats it as absent)."""
-    labels = {k: v for k, v in (server or {}).items() if v and k not in RESERVED_LABELS}
+    (``server``; an empty value is left out, as Alertmanager treats it as absent). A
+    peer's values on one line, their control characters as escapes (``one_line``)."""
+    labels = {k: one_line(v) for k, v in (server or {}).items() if v and k not in RESERVED_LABELS}
     labels.update(
         {
             "alertname": ALERTNAMES[cause],
             "severity": severity,
-            "target": target,
-            "model_name": model_name,
+            "target": one_line(target),
+            "model_name": one_line(model_name),
             "diagnosis": cause,
         }
     )
@@ -238,6 +248,22 @@ def episode(labels: Mapping[str, str]) -> tuple[str, str, str]:
     model and the cause it opened with (an alert restored from before an upgrade that
     added identity labels is still the same episode)."""
     return (labels.get("target", ""), labels.get("model_name", ""), labels.get("diagnosis", ""))
+
+
+#: Each annotation is cut to this many characters (the longest a bundled scenario writes,
+#: its evidence, is about 2,000): a peer's long names must not make an alert that
+#: receivers truncate or refuse.
+ANNOTATION_MAX_CHARS = 4096
+
+
+def _note(text: str) -> str:
+    return one_line(text, ANNOTATION_MAX_CHARS)
+
+
+def _items(items: Iterable[str]) -> str:
+    """A list annotation: one item per line, each item on one line of its own."""
+    text = "\n".join(f"- {one_line(item)}" for item in items)
+    return text if len(text) <= ANNOTATION_MAX_CHARS else text[: ANNOTATION_MAX_CHARS - 1] + "…"
 
 
 def generator_url(external_url: str, target: str) -> str:
@@ -259,35 +285,36 @@ def firing_alert(
 ) -> Alert:
     """The alert a ``firing`` transition opens, annotated with its diagnosis."""
     d = t.diagnosis
-    model = t.model_name or "(no model_name)"
-    summary = f"{t.cause} on {target} ({model}): {d.summary}" if d.summary else t.cause
+    model = one_line(t.model_name or "(no model_name)")
+    first = d.summary.splitlines()[0] if d.summary.strip() else ""
+    summary = f"{t.cause} on {one_line(target)} ({model}): {first}" if first else t.cause
     annotations = {
-        "summary": summary.splitlines()[0] if summary else t.cause,
-        "description": d.summary,
-        "evidence": evidence_text(d),
-        "remediation": "\n".join(f"- {item}" for item in d.remediation),
+        "summary": _note(summary),
+        "description": _note(d.summary),
+        "evidence": _note(evidence_text(d)),
+        "remediation": _items(d.remediation),
         "confidence": f"{d.confidence:.2f}",
-        "breaches": ", ".join(d.breaches),
+        "breaches": _note(", ".join(d.breaches)),
         "cause": t.cause,
-        "deciding": deciding_text(t.cause, d),
+        "deciding": _note(deciding_text(t.cause, d)),
         "status_page": status_page_url(external_url, target),
     }
     predicted = [e for e in d.remediation_effects if e.predicted is not None]
     if predicted:
         # One line per fix that has a predicted effect, in the fixes' order; a fix the
         # window cannot predict (a check, a procedure) says why in the API and report.
-        annotations["predicted_effects"] = "\n".join(f"- {effect_text(e)}" for e in predicted)
+        annotations["predicted_effects"] = _items(effect_text(e) for e in predicted)
     if d.remediation:
         # What to try first: the first fix with a predicted effect (an action, with its
         # numbers), else the first fix.
-        annotations["first_fix"] = predicted[0].fix if predicted else d.remediation[0]
+        annotations["first_fix"] = _note(predicted[0].fix if predicted else d.remediation[0])
     if d.secondary:
-        annotations["secondary"] = ", ".join(d.secondary)
+        annotations["secondary"] = _note(", ".join(d.secondary))
     if d.contributing:
         annotations["contributing"] = contributing_text(d)
     if t.previous_cause is not None:
         annotations["cause_changed_from"] = t.previous_cause
-        annotations["cause_change"] = t.change
+        annotations["cause_change"] = _note(t.change)
     return Alert(
         status="firing",
         labels=alert_labels(target, t.model_name, t.identity_cause, severity, server_labels),
@@ -372,34 +399,33 @@ def slack_payload(alert: Alert) -> dict[str, Any]:
     """A message for a Slack-compatible incoming webhook (Slack, Mattermost, Rocket.Chat):
     one a person on call reads whole, under ``SLACK_MAX_CHARS``."""
     labels, notes = alert.labels, alert.annotations
-    where = f"`{labels.get('target', '?')}` / `{labels.get('model_name') or '(no model_name)'}`"
+    # Every word from the alert is escaped (``core.shown.slack``): a model or engine name
+    # is shown, never obeyed; only the markup written here is Slack's to read.
+    target = slack_code(labels.get("target", "?"))
+    where = f"{target} / {slack_code(labels.get('model_name') or '(no model_name)')}"
     link = notes.get("status_page", "")
+    cause = slack(notes.get("cause", labels["diagnosis"]))
     if alert.status == "resolved":
         lasted = (alert.ends_at or alert.starts_at) - alert.starts_at
-        text = (
-            f":white_check_mark: *RESOLVED* {notes.get('cause', labels['diagnosis'])} on "
-            f"{where} after {lasted:.0f} s"
-        )
+        text = f":white_check_mark: *RESOLVED* {cause} on {where} after {lasted:.0f} s"
         return {"text": text + (f"\n<{link}|status page>" if link else "")}
-    cause = notes.get("cause", labels["diagnosis"])
-    lines = [
-        f":rotating_light: *FIRING* {cause} on {where} (confidence {notes.get('confidence', '?')})",
-    ]
+    confidence = slack(notes.get("confidence", "?"))
+    lines = [f":rotating_light: *FIRING* {cause} on {where} (confidence {confidence})"]
     if notes.get("cause_changed_from"):
-        lines.append(f"(cause changed from {notes['cause_changed_from']})")
+        lines.append(f"(cause changed from {slack(notes['cause_changed_from'])})")
     described = len(lines)
-    lines.append(_clip(notes.get("description", ""), _SLACK_PART_CHARS))
+    lines.append(slack(_clip(notes.get("description", ""), _SLACK_PART_CHARS)))
     if notes.get("deciding"):
-        lines.append("*Why:* " + _clip(notes["deciding"], _SLACK_PART_CHARS))
+        lines.append("*Why:* " + slack(_clip(notes["deciding"], _SLACK_PART_CHARS)))
     fixes = [f.removeprefix("- ") for f in notes.get("remediation", "").splitlines() if f]
     first = notes.get("first_fix") or (fixes[0] if fixes else "")
     if first:
-        lines.append("*Fix:* " + _clip(first, _SLACK_PART_CHARS))
+        lines.append("*Fix:* " + slack(_clip(first, _SLACK_PART_CHARS)))
         # The first predicted effect is ``first_fix``'s when it has one. (An alert from
         # before ``first_fix`` listed every fix, those with no prediction too.)
         effect = notes.get("predicted_effects", "").splitlines()[:1]
         if effect and "no prediction" not in effect[0]:
-            lines.append("*Predicted:* " + _clip(effect[0].removeprefix("- "), 120))
+            lines.append("*Predicted:* " + slack(_clip(effect[0].removeprefix("- "), 120)))
     if link:
         lines.append(f"<{link}|status page>")
     text = "\n".join(line for line in lines if line)

@@ -8,6 +8,7 @@ from typing import Any
 
 from vllm_triage.core.model import Diagnosis, Transition
 from vllm_triage.core.predict import effect_dict, effect_text
+from vllm_triage.core.shown import one_line
 
 
 def iso(at: float) -> str:
@@ -60,6 +61,13 @@ def transition_json(t: Transition, *, target: str | None = None) -> str:
 
 
 def transition_text(t: Transition) -> str:
+    """A transition as lines for a terminal: a peer's names are shown on one line, their
+    control characters as escapes (a newline or a terminal's escape sequence in a
+    ``model_name`` is shown, never obeyed)."""
+    return "\n".join(one_line(line) for line in _transition_lines(t))
+
+
+def _transition_lines(t: Transition) -> list[str]:
     d = t.diagnosis
     when = iso(t.at)
     model = t.model_name or "(no model_name)"
@@ -79,8 +87,8 @@ def transition_text(t: Transition) -> str:
             lines.append(f"    also: {', '.join(d.secondary)}")
         lines.extend(f"    fix: {item}" for item in d.remediation[:3])
         lines.extend(f"    effect: {effect_text(e)}" for e in d.remediation_effects[:3] if e.change)
-        return "\n".join(lines)
+        return lines
     lasted = t.at - t.started_at
     why = "cause changed" if t.reason == "cause_changed" else "clear again"
     opened = f", opened as {t.identity_cause}" if t.identity_cause != t.cause else ""
-    return f"{when}  RESOLVED  {t.cause:<13}  {model}  after {lasted:.0f} s ({why}{opened})"
+    return [f"{when}  RESOLVED  {t.cause:<13}  {model}  after {lasted:.0f} s ({why}{opened})"]

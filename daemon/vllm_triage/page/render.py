@@ -19,6 +19,7 @@ from string import Template
 from typing import Any
 
 from vllm_triage import __version__
+from vllm_triage.core.shown import one_line
 from vllm_triage.errors import ConfigError
 
 UPLOT_VERSION = "1.6.32"
@@ -74,7 +75,7 @@ def render_page(
         csp=html.escape(content_security_policy(live=live)),
         version=html.escape(__version__),
         uplot_version=UPLOT_VERSION,
-        title=html.escape(title),
+        title=html.escape(one_line(title)),
         waiting=waiting_html or "<p>Drawing the report…</p>",
         uplot_css=asset("vendor/uPlot.min.css"),
         page_css=asset("page.css"),

@@ -26,6 +26,14 @@ DASHBOARD_TEMPLATE = "vllm-triage.json.tmpl"
 #: ``for:`` of ``open_after`` evaluations of the daemon is that many of these.
 RULE_INTERVAL_SECONDS = 15
 
+#: The longest ``for:`` Prometheus reads: its durations are int64 nanoseconds (about
+#: 292 years); a longer one makes Prometheus refuse the whole rules file at load.
+MAX_FOR_SECONDS = (2**63 - 1) // 10**9
+
+#: The rendered files' first line names where the numbers came from (file and variable
+#: names, a user's own): at most this many characters of it.
+MAX_ORIGIN_CHARS = 300
+
 #: What the dashboard draws from the settings it is rendered with. The SLOs are not
 #: among them: its SLO lines are each daemon's own ``vllm_triage_slo_seconds``, so one
 #: dashboard shows every daemon's SLO, and never a number it was not judged by.
@@ -88,14 +96,31 @@ def number(value: float) -> str:
     return repr(float(value))
 
 
+def comment_text(text: str) -> str:
+    """``text`` as it may stand in a YAML comment: one line (a newline in a file name
+    would end the comment and start YAML of the name's choosing), control characters
+    shown as escapes (``\\n``), at most ``MAX_ORIGIN_CHARS`` characters."""
+    shown = "".join(
+        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text
+    )
+    return shown if len(shown) <= MAX_ORIGIN_CHARS else shown[: MAX_ORIGIN_CHARS - 1] + "…"
+
+
 def values(objectives: Objectives) -> dict[str, str]:
     out = {
         f.name: number(getattr(objectives, f.name))
         for f in dataclasses.fields(objectives)
         if f.name != "origin"
     }
-    out["origin"] = objectives.origin
-    out["for_seconds"] = number(objectives.open_after * RULE_INTERVAL_SECONDS)
+    out["origin"] = comment_text(objectives.origin)
+    for_seconds = objectives.open_after * RULE_INTERVAL_SECONDS
+    if for_seconds > MAX_FOR_SECONDS:
+        raise ConfigError(
+            f"incident.open_after: {objectives.open_after} evaluations make the alerts' "
+            f"`for:` {for_seconds:.3g} s, longer than Prometheus reads "
+            f"({MAX_FOR_SECONDS:,} s, about 292 years): it would refuse the whole file"
+        )
+    out["for_seconds"] = number(for_seconds)
     return out
 
 
@@ -139,7 +164,7 @@ def prometheusrule(objectives: Objectives) -> str:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("groups:"))
     body = "".join(f"  {line}\n" if line.strip() else "\n" for line in lines[start:])
-    header = _Template(PROMETHEUSRULE_HEADER).substitute(origin=objectives.origin)
+    header = _Template(PROMETHEUSRULE_HEADER).substitute(origin=comment_text(objectives.origin))
     out = header + body
     if yaml.safe_load(out)["spec"]["groups"] != yaml.safe_load(text)["groups"]:
         raise ValueError("the PrometheusRule's spec.groups differ from the rules' groups")

@@ -882,7 +882,9 @@ class TestOneServerNeverBlindsTheRest:
             assert st.view is not None and st.view.evaluation.at == NOW
         a = source.targets["vllm/a:8000"].state
         assert a.series_problems >= 3
-        assert a.view is not None and any("beyond what any card" in p for p in a.view.evaluation.problems)
+        assert a.view is not None and any(
+            "beyond what any card" in p for p in a.view.evaluation.problems
+        )
 
     def test_an_exception_from_one_servers_rows_is_its_counted_failure(
         self, monkeypatch: pytest.MonkeyPatch
