@@ -29,6 +29,36 @@ def positive_float(text: str) -> float:
     return _checked(text, float, "a number", lambda v: 0 < v < math.inf, "a positive number")
 
 
+#: A duration on the command line is bounded as the settings' are (config/schema.py's
+#: ``Duration``): from 50 ms (a scrape every 1 ms is a load test of the target, and
+#: thousands of requests for nothing) to a week.
+MIN_SECONDS = 0.05
+MAX_SECONDS = 7 * 86400.0
+
+
+def seconds(text: str) -> float:
+    """A duration in seconds, from ``MIN_SECONDS`` to ``MAX_SECONDS``."""
+    return _checked(
+        text,
+        float,
+        "a number of seconds",
+        lambda v: MIN_SECONDS <= v <= MAX_SECONDS,
+        f"from {MIN_SECONDS:g} to {MAX_SECONDS:g} seconds",
+    )
+
+
+def seconds_at_most(limit: float) -> Callable[[str], float]:
+    """``seconds``, and at most ``limit``."""
+
+    def parse(text: str) -> float:
+        value = seconds(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"must be at most {limit:g} seconds, got {text}")
+        return value
+
+    return parse
+
+
 def positive_int(text: str) -> int:
     return _checked(text, int, "a whole number", lambda v: v >= 1, "at least 1")
 

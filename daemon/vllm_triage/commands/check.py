@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from vllm_triage.commands.argtypes import http_url, positive_float, positive_int
+from vllm_triage.commands.argtypes import MIN_SECONDS, http_url, positive_int, seconds
 from vllm_triage.errors import TriageError
 
 if TYPE_CHECKING:
@@ -40,6 +40,8 @@ Verdict = Literal["healthy", "incident", "cannot_tell"]
 EXIT: dict[Verdict, int] = {"healthy": 0, "incident": 1, "cannot_tell": 3}
 #: Fixes shown in the text output; the rest are in --format json.
 FIXES_SHOWN = 3
+#: The most scrapes one check takes (a longer look is ``record``'s, or the daemon's).
+MAX_SCRAPES = 1000
 #: A first scrape failing for one of these reasons ends the check: waiting will not help.
 FATAL_FIRST = frozenset({"connect", "http_status", "parse", "too_costly", "evaluate", "too_large"})
 
@@ -59,7 +61,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--window",
-        type=positive_float,
+        type=seconds,
         default=15.0,
         metavar="S",
         help="seconds between the first and the last scrape (default 15)",
@@ -69,10 +71,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=positive_int,
         default=4,
         metavar="N",
-        help="scrapes over the window, at least 2 (default 4)",
+        help=f"scrapes over the window, 2 to {MAX_SCRAPES:,} (default 4)",
     )
     p.add_argument(
-        "--timeout", type=positive_float, default=5.0, metavar="S", help="per scrape (default 5)"
+        "--timeout", type=seconds, default=5.0, metavar="S", help="per scrape (default 5)"
     )
     p.add_argument("--config", metavar="FILE", help="YAML settings (SLOs, hardware, model)")
     p.add_argument("--format", choices=("text", "json"), default="text")
@@ -279,8 +281,20 @@ def terminal_progress(stream: TextIO, *, window: float) -> Progress:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.scrapes < 2:
-        print("vllm-triage check: error: --scrapes must be at least 2", file=sys.stderr)
+    if not 2 <= args.scrapes <= MAX_SCRAPES:
+        print(
+            f"vllm-triage check: error: --scrapes must be from 2 to {MAX_SCRAPES:,}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.window / (args.scrapes - 1) < MIN_SECONDS:
+        # A scrape every millisecond is a load test of the server, not a check of it.
+        print(
+            f"vllm-triage check: error: {args.scrapes} scrapes over {args.window:g} s are "
+            f"{args.window / (args.scrapes - 1):.3g} s apart; at least {MIN_SECONDS:g} s: "
+            "fewer --scrapes or a longer --window",
+            file=sys.stderr,
+        )
         return 2
     progress = terminal_progress(sys.stderr, window=args.window) if sys.stderr.isatty() else None
     try:

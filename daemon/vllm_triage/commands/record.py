@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vllm_triage.commands.argtypes import http_url, positive_float, positive_int
+from vllm_triage.commands.argtypes import http_url, positive_float, positive_int, seconds
 from vllm_triage.core.counts import counted
 
 
@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write into (created)")
     p.add_argument(
         "--interval",
-        type=positive_float,
+        type=seconds,
         default=5.0,
         metavar="S",
         help="seconds between scrapes (default 5)",
@@ -45,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--timeout",
-        type=positive_float,
+        type=seconds,
         default=None,
         metavar="S",
         help="per-scrape timeout (default: the interval, at most 10 s)",

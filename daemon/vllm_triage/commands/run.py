@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from vllm_triage.commands.argtypes import positive_float
+from vllm_triage.commands.argtypes import seconds
 
 DESCRIPTION = """\
 Watch one or more vLLM servers: scrape each /metrics every interval, diagnose why
@@ -77,9 +77,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--listen", metavar="HOST:PORT", help="where to serve /metrics and the API (0.0.0.0:9468)"
     )
-    p.add_argument(
-        "--interval", type=positive_float, metavar="S", help="seconds between scrapes (5)"
-    )
+    p.add_argument("--interval", type=seconds, metavar="S", help="seconds between scrapes (5)")
     p.add_argument(
         "--target",
         action="append",

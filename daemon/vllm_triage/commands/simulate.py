@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from vllm_triage.commands.argtypes import port_number, positive_float, unix_time
+from vllm_triage.commands.argtypes import port_number, positive_float, seconds, unix_time
 from vllm_triage.core.counts import counted
 from vllm_triage.errors import ConfigError
 from vllm_triage.simulator import Scenario, get_scenario, hold_last_phase, record, scenario_names
@@ -91,7 +91,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     rec = p.add_argument_group("with --record")
     rec.add_argument(
         "--interval",
-        type=positive_float,
+        type=seconds,
         metavar="S",
         help=f"simulated seconds between scrapes (default {DEFAULT_INTERVAL_S:g})",
     )

@@ -4,20 +4,26 @@ simulator calibrated to it, on the server as it was and as changed."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
+import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from vllm_triage.commands.argtypes import http_url, positive_float
+from vllm_triage.commands.argtypes import http_url, positive_float, seconds, seconds_at_most
 from vllm_triage.core.counts import counted
 from vllm_triage.core.predict import CHANGE_KEYS
 from vllm_triage.core.shown import one_line
 from vllm_triage.errors import ConfigError, RecordingError, ScrapeError
+from vllm_triage.whatif.budget import MAX_WINDOW_SECONDS
+
+window_seconds = seconds_at_most(MAX_WINDOW_SECONDS)
 
 DESCRIPTION = """\
 Calibrate the simulator to one window of a recording (made by `record`) and run that
@@ -69,13 +75,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument(
         "--window",
-        type=positive_float,
+        type=window_seconds,
         metavar="S",
-        help="with --target: seconds to watch (default: the settings' window_seconds)",
+        help="with --target: seconds to watch (default: the settings' window_seconds; at "
+        f"most {MAX_WINDOW_SECONDS:g})",
     )
     p.add_argument(
         "--interval",
-        type=positive_float,
+        type=seconds,
         default=5.0,
         metavar="S",
         help="with --target: seconds between scrapes (default 5)",
@@ -207,9 +214,53 @@ def watch(
         )
 
 
+#: The temporary folder of ``--target``: named for the process, so that one left by a
+#: run killed outright (SIGKILL: no handler runs) is found and removed by the next run.
+TMP_PREFIX = "vllm-triage-whatif-"
+
+
+def remove_orphans(parent: Path) -> list[Path]:
+    """Remove the temporary folders of whatif runs that are no longer running; the ones
+    removed."""
+    import shutil
+
+    gone = []
+    for folder in parent.glob(f"{TMP_PREFIX}*-*"):
+        pid = folder.name.removeprefix(TMP_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or folder.is_symlink() or not folder.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+            gone.append(folder)
+        except OSError:
+            continue  # alive (another user's), or not ours to judge
+    return gone
+
+
+@contextlib.contextmanager
+def terminated_as_exit() -> Iterator[None]:
+    """SIGTERM (a ``kill``, a container stopped) as ``SystemExit`` while inside: ``with``
+    blocks and ``finally`` run, so the temporary folder goes. SIGINT already raises
+    ``KeyboardInterrupt``."""
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(args: argparse.Namespace) -> int:
     from vllm_triage.assemble import build_evaluator
     from vllm_triage.config.load import load_settings
+    from vllm_triage.net.redact import safe_url
+    from vllm_triage.whatif.budget import MAX_WATCH_SCRAPES, Budget
     from vllm_triage.whatif.calibrate import whatif
     from vllm_triage.whatif.changes import parse_changes
     from vllm_triage.whatif.window import read_window
@@ -218,16 +269,36 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give a recording DIR or --target URL (one of the two)")
     changes = parse_changes(args.change)
     settings = load_settings(args.config)
-    with tempfile.TemporaryDirectory(prefix="vllm-triage-whatif-") as tmp:
+    window = args.window or settings.window_seconds
+    if args.target is not None:
+        if window > MAX_WINDOW_SECONDS:
+            raise ConfigError(
+                f"window_seconds {window:g}: whatif watches and replays at most "
+                f"{MAX_WINDOW_SECONDS:g} s (give a shorter --window)"
+            )
+        if window / args.interval > MAX_WATCH_SCRAPES:
+            raise ConfigError(
+                f"--window {window:g} every --interval {args.interval:g} s is "
+                f"{window / args.interval:,.0f} scrapes; at most {MAX_WATCH_SCRAPES}: "
+                "a longer --interval"
+            )
+    # The wall time is the command's: the simulation's budget counts it from here.
+    budget = Budget(clock=time.monotonic)
+    tmp_root = Path(tempfile.gettempdir())
+    remove_orphans(tmp_root)
+    with (
+        terminated_as_exit(),
+        tempfile.TemporaryDirectory(prefix=f"{TMP_PREFIX}{os.getpid()}-", dir=tmp_root) as tmp,
+    ):
         directory = args.directory
         at = args.at
         if args.target is not None:
-            window = args.window or settings.window_seconds
-            print(f"watching {args.target} for {window:g} s ...", file=sys.stderr)
+            # As every command shows a URL: without its user:password or query values.
+            print(f"watching {safe_url(args.target)} for {window:g} s ...", file=sys.stderr)
             watch(args.target, Path(tmp), window=window, interval=args.interval)
             directory, at = tmp, None
         obs = read_window(directory, build_evaluator(settings), at)
-        result = whatif(obs, lambda: build_evaluator(settings), changes)
+        result = whatif(obs, lambda: build_evaluator(settings), changes, budget)
     if args.format == "json":
         print(json.dumps(result_dict(result), allow_nan=False))
     else:

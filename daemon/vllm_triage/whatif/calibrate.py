@@ -34,7 +34,15 @@ from vllm_triage.core.model import ChangeValue, Signals
 from vllm_triage.core.predict import ServerTerms, change_reason
 from vllm_triage.core.roofline import step as roofline
 from vllm_triage.core.rulebook import Roofline
-from vllm_triage.simulator import Phase, Scenario, ServerSpec, Workload, record
+from vllm_triage.simulator import Phase, Scenario, ServerSpec, Simulation, Workload
+from vllm_triage.whatif.budget import (
+    MIN_STEP_SECONDS,
+    Budget,
+    BudgetError,
+    implausible,
+    merged,
+    replay_interval,
+)
 from vllm_triage.whatif.window import Observed
 
 METRICS = (
@@ -247,11 +255,23 @@ def scenario(
     arriving = obs.arrivals / obs.span_seconds if obs.span_seconds > 0 else admitted
     phases = [Phase(warm, load((admitted if backlog else arriving) * share, 0))]
     queued = round(obs.waiting_first * share) if backlog else 0
-    for index, (seconds, arrivals) in enumerate(obs.intervals):
+    for index, (seconds, arrivals) in enumerate(merged(obs.intervals)):
         phases.append(
             Phase(seconds, load(arrivals / seconds * share, index + 1, 0 if index else queued))
         )
     return Scenario(name="whatif", spec=server.spec, phases=tuple(phases), model_name=obs.model)
+
+
+def expected_requests(sc: Scenario) -> float:
+    """The requests a scenario's replay simulates, on average: every phase's bursts and
+    Poisson arrivals."""
+    return sum(p.workload.burst + p.workload.arrival_rate_per_s * p.duration_s for p in sc.phases)
+
+
+#: A replay steps its simulation this many virtual seconds at a time between looks at
+#: the budget, whatever its scrape interval: one look costs nothing, and an engine at its
+#: fastest step (``MIN_STEP_SECONDS``) takes at most 5,000 steps in between.
+_LOOK_EVERY_S = 0.5
 
 
 def replay(
@@ -262,17 +282,35 @@ def replay(
     scale: float = 1.0,
     replicas: int = 1,
     backlog: bool = True,
+    budget: Budget | None = None,
 ) -> Signals | None:
-    """The load on ``server``, measured as the recording was: the last window's signals."""
+    """The load on ``server``, measured as the recording was: the last window's signals.
+    ``budget`` refuses a replay that would cost more than it may (``whatif.budget``)."""
+    budget = budget or Budget()
     sc = scenario(obs, server, scale=scale, replicas=replicas, backlog=backlog)
-    interval = obs.span_seconds / len(obs.intervals) if obs.intervals else 5.0
+    why = f"{obs.arrivals:,.0f} arrivals in the window" + (f" x {scale:g}" if scale != 1 else "")
+    budget.requests(expected_requests(sc), why=why)
+    budget.replays += 1
+    interval = replay_interval(obs.span_seconds, len(obs.intervals))
     driver = Driver(evaluator())
     last: Signals | None = None
     start = obs.at - sc.duration_s
-    for at, text in record(sc, start_at=start, interval_s=interval, duration_s=sc.duration_s):
-        fed = driver.feed(text.encode(), at)
+    sim = Simulation(sc)
+    engines = [engine for _, engine in sim.engines]
+    tick, now = 0, 0.0
+    while tick * interval <= sc.duration_s + 1e-9:
+        t = tick * interval
+        while now < t:
+            now = min(t, now + _LOOK_EVERY_S)
+            sim.advance_to(now)
+            budget.spend(
+                steps=sum(e.stats.steps for e in engines),
+                tokens=sum(e.stats.prompt_tokens + e.stats.generation_tokens for e in engines),
+            )
+        fed = driver.feed(sim.render(created_at=start).encode(), start + t)
         if isinstance(fed, Fed):
             last = fed.evaluation.signals.get(obs.model, last)
+        tick += 1
     return last
 
 
@@ -284,22 +322,26 @@ class Calibration:
     overhead_s: float
 
 
-def calibrate(obs: Observed, evaluator: Callable[[], Evaluator]) -> Calibration:
-    """Fit the per-step overhead so that the replay's mean decode step is the measured one."""
+def calibrate(
+    obs: Observed, evaluator: Callable[[], Evaluator], budget: Budget | None = None
+) -> Calibration:
+    """Fit the per-step overhead so that the replay's mean decode step is the measured one.
+    The overhead is at least ``MIN_STEP_SECONDS``: no engine steps faster, and a step of
+    no time would never let the simulation's clock move."""
     server = base_server(obs)
     target = obs.signals.itl_mean
-    overhead = max(0.0, (target or 0.0) - _floor_estimate(obs))
+    overhead = max(MIN_STEP_SECONDS, (target or 0.0) - _floor_estimate(obs))
     sim: Signals | None = None
     rounds = 0
     for rounds in range(1, FIT_ROUNDS + 1):  # noqa: B007 - the count is reported
         server = dataclasses.replace(
             server, spec=dataclasses.replace(server.spec, step_overhead_s=overhead)
         )
-        sim = replay(obs, server, evaluator)
+        sim = replay(obs, server, evaluator, budget=budget)
         got = sim.itl_mean if sim is not None else None
         if target is None or got is None or abs(got / target - 1) <= FIT_TOLERANCE:
             break
-        overhead = max(0.0, overhead + (target - got))
+        overhead = max(MIN_STEP_SECONDS, overhead + (target - got))
     return Calibration(server, sim, rounds, overhead)
 
 
@@ -451,10 +493,41 @@ class Result:
     reasons: list[str] = field(default_factory=list)
 
 
+def check_window(obs: Observed) -> None:
+    """``BudgetError`` for a window that claims more than its engines could do."""
+    s = obs.signals
+    prompt, output = s.mean_prompt_tokens, s.mean_generation_tokens
+    rate = obs.arrivals / obs.span_seconds if obs.span_seconds > 0 else 0.0
+    peak = max((a / sec for sec, a in obs.intervals if sec > 0), default=0.0)
+    why = implausible(
+        engines=s.engines,
+        running_max=max(s.running_max or 0.0, obs.running_first),
+        waiting_max=max(s.waiting_max or 0.0, obs.waiting_first),
+        arrivals_per_second=max(rate, peak),
+        itl_mean=s.itl_mean,
+        prompt_tokens=prompt,
+        output_tokens=output,
+        span_seconds=obs.span_seconds,
+    )
+    if why is not None:
+        raise BudgetError(
+            f"refused: the window ending {obs.offset_seconds:g} s into the recording is "
+            f"implausible: {why}; its metrics cannot be simulated (pick another with --at)"
+        )
+
+
 def whatif(
-    obs: Observed, evaluator: Callable[[], Evaluator], changes: Mapping[str, ChangeValue]
+    obs: Observed,
+    evaluator: Callable[[], Evaluator],
+    changes: Mapping[str, ChangeValue],
+    budget: Budget | None = None,
 ) -> Result:
-    cal = calibrate(obs, evaluator)
+    """The window replayed as it was and as changed, within ``budget`` (default: its
+    bounds without a wall-time one); ``BudgetError`` for a window or a change that would
+    cost more (``whatif.budget``)."""
+    budget = budget or Budget()
+    check_window(obs)
+    cal = calibrate(obs, evaluator, budget)
     notes = list(cal.server.notes)
     own = measured(cal.replay)
     reasons: list[str] = []
@@ -466,7 +539,15 @@ def whatif(
         scale = float(changes.get("arrival_rate_scale", 1.0))
         replicas = int(changes.get("replicas", 1))
         same = set(changes) <= {"arrival_rate_scale"}
-        run = replay(obs, server, evaluator, scale=scale, replicas=replicas, backlog=same)
+        run = replay(
+            obs,
+            server,
+            evaluator,
+            scale=scale,
+            replicas=replicas,
+            backlog=same,
+            budget=budget,
+        )
         after = measured(run)
         was, now = terms(cal.server, cal.replay), terms(server, run)
         # Each line names the term its change moves; what the load made of them all

@@ -9,8 +9,28 @@ from vllm_triage.ceiling.sizing import bytes_per_param
 from vllm_triage.core.model import ChangeValue
 from vllm_triage.core.predict import CHANGE_KEYS
 from vllm_triage.errors import ConfigError
+from vllm_triage.whatif.budget import (
+    MAX_ARRIVAL_SCALE,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    MAX_REPLICAS,
+    MAX_TENSOR_PARALLEL,
+    MIN_ARRIVAL_SCALE,
+)
 
-_INTEGERS = ("max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size", "replicas")
+#: Each integer change's largest value, and why (``whatif.budget``): beyond it the
+#: simulation would answer confidently for a server the card table cannot describe, or
+#: run for ever.
+_INTEGERS: dict[str, tuple[int, str]] = {
+    "max_num_seqs": (MAX_NUM_SEQS, "more sequences than whatif simulates in a batch"),
+    "max_num_batched_tokens": (MAX_NUM_BATCHED_TOKENS, "more tokens than a step batches"),
+    "tensor_parallel_size": (
+        MAX_TENSOR_PARALLEL,
+        "beyond the card table: its largest NVLink domain is 72 GPUs (GB200 NVL72), and "
+        "tensor parallelism across nodes is not modelled",
+    ),
+    "replicas": (MAX_REPLICAS, "more servers than whatif splits a load over"),
+}
 
 
 def _valid_keys() -> str:
@@ -32,6 +52,9 @@ def parse_change(text: str) -> tuple[str, ChangeValue]:
             number = 0
         if number < 1:
             raise ConfigError(f"--change {text!r}: {key} must be {CHANGE_KEYS[key]}")
+        most, why = _INTEGERS[key]
+        if number > most:
+            raise ConfigError(f"--change {text!r}: at most {most:,} ({why})")
         return key, number
     if key == "arrival_rate_scale":
         try:
@@ -40,6 +63,11 @@ def parse_change(text: str) -> tuple[str, ChangeValue]:
             scale = 0.0
         if not 0 < scale < float("inf"):
             raise ConfigError(f"--change {text!r}: {key} must be a number > 0")
+        if not MIN_ARRIVAL_SCALE <= scale <= MAX_ARRIVAL_SCALE:
+            raise ConfigError(
+                f"--change {text!r}: {key} must be from {MIN_ARRIVAL_SCALE:g} to "
+                f"{MAX_ARRIVAL_SCALE:g} (the window's load, at most a thousand times over)"
+            )
         return key, scale
     if key == "kv_cache_dtype":
         if raw.lower() not in ("fp8", "fp8_e4m3", "fp8_e5m2", "auto", "bfloat16", "float16"):
