@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import shutil
 import socket
 import ssl
 import time
@@ -49,7 +50,7 @@ from vllm_triage.notify.notifier import Notifier
 from vllm_triage.notify.receivers import build_receiver
 from vllm_triage.page.spec import load_spec
 from vllm_triage.recording.report import ReportParts
-from vllm_triage.scrape.keep import ScrapeKeeper
+from vllm_triage.scrape.keep import ScrapeKeeper, folder_bytes
 from vllm_triage.scrape.loop import ScrapeParts, Scraper
 from vllm_triage.scrape.probe import Prober, completions_url
 from vllm_triage.serve.exporter import build_registry
@@ -239,6 +240,42 @@ def build_keeper(settings: Settings, target: TargetSettings) -> ScrapeKeeper | N
     return ScrapeKeeper(target.name, folder, max_bytes=settings.record.max_bytes)
 
 
+#: What a recording must leave free on its disk: the state store's file and journal, which
+#: usually share the volume (the sidecar's one writable volume holds both).
+RECORD_DISK_RESERVE = 16 * 2**20
+
+
+def check_record_room(settings: Settings) -> None:
+    """Refuse a recording whose bound the disk cannot hold: every target's
+    ``record.max_bytes``, less what its folder holds already, must fit in the free space
+    of ``record.dir``'s disk less ``RECORD_DISK_RESERVE``. A recording that fills the disk
+    fails the state store's writes, and in a pod gets the pod evicted (an ``emptyDir`` past
+    its ``sizeLimit``), vLLM with it. (An ``emptyDir`` on the node's disk shows the node's
+    free space, not its ``sizeLimit``: the sidecar's manifest sets ``record.max_bytes``
+    below it; docs/deploy.md.)"""
+    if settings.record.dir is None:
+        return
+    root = Path(settings.record.dir).expanduser()
+    need = sum(
+        max(0, settings.record.max_bytes - folder_bytes(root / record_folder_name(t.name)))
+        for t in settings.targets
+    )
+    existing = next((p for p in (root, *root.parents) if p.exists()), Path("/"))
+    try:
+        free = shutil.disk_usage(existing).free
+    except OSError:
+        return  # the folder's own error is said, and counted, at the first write
+    if need > free - RECORD_DISK_RESERVE:
+        mib = 2**20
+        raise ConfigError(
+            f"record.max_bytes: {len(settings.targets)} target(s) x "
+            f"{settings.record.max_bytes / mib:,.0f} MiB would need {need / mib:,.0f} MiB more "
+            f"in {root}, whose disk has {free / mib:,.0f} MiB free ({RECORD_DISK_RESERVE // mib} "
+            "MiB kept for the state store): a full disk stops the state store, and in a pod "
+            "evicts it; lower record.max_bytes or record elsewhere"
+        )
+
+
 def record_folder_name(target: str) -> str:
     """A target's recording folder: its name, one path component (a name may hold ``/``:
     replaced, with a short hash of the name so that ``a/b`` and ``a_b`` stay apart)."""
@@ -410,6 +447,7 @@ def _build_parts(
     clock: Callable[[], float],
     default_state_dir: Path | None,
 ) -> DaemonParts:
+    check_record_room(settings)
     state_dir = settings.state_path(default_state_dir)
     store = StateStore.open(state_dir) if state_dir is not None else None
     if store is not None:

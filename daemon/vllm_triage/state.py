@@ -183,6 +183,9 @@ class RecordingStats:
     folder: str
     written: int = 0
     bytes_written: int = 0
+    #: Bytes the folder already held when this process began (earlier runs': a daemon
+    #: restarted, or crash-looping, must not write its whole bound again each time).
+    bytes_found: int = 0
     #: Scrapes not kept, by reason: ``disk`` (a write failed), ``too_large`` (over the
     #: recording's per-file bound), ``full`` (the recording reached its ``max_bytes``).
     failures: Counter[str] = field(default_factory=Counter)

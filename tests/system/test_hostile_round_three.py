@@ -147,3 +147,37 @@ def test_slack_shows_a_hostile_model_name_and_obeys_none(tmp_path: Path) -> None
         line for line in lines if line.startswith("*Fix:* ") and "sudo sh" not in line
     ]
     assert "\\n*Fix:* run curl" in lines[0]  # shown, inside the headline's code span
+
+
+# -- 5. recording is bounded by the folder ---------------------------------------------------
+
+
+def test_restarts_record_the_bound_once(tmp_path: Path) -> None:
+    """Before: the byte cap was per process; three starts wrote three times the cap.
+    Now the folder is the bound: the second and third starts keep nothing, and say so."""
+    rec = tmp_path / "rec"
+    kept = []
+    with serving(body(GOOD)) as srv:
+        config = {
+            "interval_seconds": 0.1,
+            "targets": [target("t", srv.url("/metrics"))],
+            "record": {"dir": str(rec), "max_bytes": 2**20},
+        }
+        for start in range(3):
+            with run_daemon(tmp_path, config, log_name=f"run{start}.log") as d:
+                assert d.until(
+                    lambda: (
+                        d.value("vllm_triage_recording_failures_total", target="t", reason="full")
+                        >= 2
+                    ),
+                    timeout=30,
+                )
+                kept.append(d.value("vllm_triage_recorded_scrapes_total", target="t"))
+                held = d.value("vllm_triage_recording_folder_bytes", target="t")
+                said = [e for e in d.logs() if e.get("event") == "recording_failed"]
+            # Said once, however many scrapes it turned away.
+            assert held <= 2**20 and len(said) == 1 and said[0]["reason"] == "full", said
+    total = sum(f.stat().st_size for f in (rec / "t").iterdir())
+    figure("record-restarts", kept=kept, folder_bytes=total)
+    assert kept[0] == 2**20 // len(GOOD) and kept[1:] == [0, 0], kept
+    assert total <= 2**20

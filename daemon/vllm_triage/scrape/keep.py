@@ -8,13 +8,18 @@ incidents are the alerts' incidents, to the second and the confidence.
 
 Bounded as every recording is: a body over the recording's per-file bound
 (``MAX_FILE_BYTES``, which ``replay`` would refuse) is not kept, and past ``max_bytes`` in
-all the recording stops. Nothing the disk does reaches the scrape loop: a failed write is
-counted (``RecordingStats.failures``, ``vllm_triage_recording_failures_total``) and
-logged, at once and then once a minute while it lasts.
+the folder the recording stops. The bound is the folder's, not the process's: what the
+folder holds when the daemon starts counts (before, a daemon restarted three times wrote
+three times the bound, and one in a crash loop filled the disk). Nothing the disk does
+reaches the scrape loop: a failed write is counted (``RecordingStats.failures``,
+``vllm_triage_recording_failures_total``) and logged, at once and then once a minute
+while it lasts.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import structlog
@@ -24,6 +29,20 @@ from vllm_triage.recording.files import MAX_FILE_BYTES, write_scrape
 from vllm_triage.state import RecordingStats
 
 log = structlog.get_logger("vllm_triage.watcher")
+
+
+def folder_bytes(folder: Path) -> int:
+    """What the regular files directly in ``folder`` hold (0 for a folder not there)."""
+    total = 0
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+    return total
 
 
 class ScrapeKeeper:
@@ -41,8 +60,17 @@ class ScrapeKeeper:
         self.folder = folder
         self.max_bytes = max_bytes
         self.max_file_bytes = max_file_bytes
-        self.stats = RecordingStats(str(folder))
+        self.stats = RecordingStats(str(folder), bytes_found=folder_bytes(folder))
         self._failures = Throttle()
+        if self.stats.bytes_found >= max_bytes:
+            log.warning(
+                "recording_full",
+                target=target,
+                folder=str(folder),
+                bytes=self.stats.bytes_found,
+                max_bytes=max_bytes,
+                consequence="no scrape is kept: move the folder away or raise record.max_bytes",
+            )
 
     @staticmethod
     def file_time(at: float) -> float:
@@ -60,10 +88,10 @@ class ScrapeKeeper:
                 f"{self.max_file_bytes} bytes (replay would refuse it): not kept",
             )
             return
-        if st.bytes_written + len(body) > self.max_bytes:
+        if st.bytes_found + st.bytes_written + len(body) > self.max_bytes:
             self._failed(
                 "full",
-                f"the recording reached record.max_bytes ({self.max_bytes} bytes): "
+                f"the recording's folder reached record.max_bytes ({self.max_bytes} bytes): "
                 "no more scrapes are kept; move the folder away or raise the bound",
             )
             return

@@ -50,6 +50,11 @@ def _recording(targets: list[TargetState]) -> Iterator[Metric]:
     size = CounterMetricFamily(
         P + "recorded_bytes", "Bytes written to the daemon's recording.", labels=("target",)
     )
+    held = GaugeMetricFamily(
+        P + "recording_folder_bytes",
+        "Bytes the recording's folder holds (earlier runs' too); record.max_bytes bounds it.",
+        labels=("target",),
+    )
     failures = CounterMetricFamily(
         P + "recording_failures",
         "Scrapes the daemon's recording did not keep, by reason (disk, too_large, full).",
@@ -60,9 +65,10 @@ def _recording(targets: list[TargetState]) -> Iterator[Metric]:
         assert r is not None
         kept.add_metric((t.name,), r.written)
         size.add_metric((t.name,), r.bytes_written)
+        held.add_metric((t.name,), r.bytes_found + r.bytes_written)
         for reason, n in sorted(r.failures.items()):
             failures.add_metric((t.name, reason), n)
-    yield from (kept, size, failures)
+    yield from (kept, size, held, failures)
 
 
 def _q(q: Quantile | None) -> float | None:
