@@ -115,17 +115,21 @@ def _index() -> ModelIndex:
 def _local_name(served: str) -> tuple[str, str] | None:
     """(name to look up, how) for a local path, or None when ``served`` is not one. An
     ``org/name`` id has one slash and no leading one; a path has more, or starts with /,
-    ./, ../ or ~. A Hugging Face cache folder (models--org--name) gives its id."""
+    ./, ../ or ~. A Hugging Face cache folder (models--org--name) gives its id where the
+    path ends in it, as the cache lays a model out (``models--org--name``, or that and
+    ``snapshots/<revision>``); anywhere else in a path (``.../models--a--b/finetunes/mine``)
+    the model is the path's last component, not the folder it sits in."""
     pathlike = "\\" in served or served.startswith(("/", "./", "../", "~"))
     if not pathlike and served.count("/") <= 1:
         return None
     parts = [p for p in re.split(r"[/\\]+", served) if p not in ("", ".", "..", "~")]
-    for part in reversed(parts):
-        cached = _HF_CACHE.match(part)
-        if cached:
-            return f"{cached[1]}/{cached[2]}", f"local Hugging Face cache folder {part!r}"
     if not parts:
         return None
+    for at in (len(parts) - 1, len(parts) - 3):
+        cached = _HF_CACHE.match(parts[at]) if at >= 0 else None
+        tail = parts[at + 1 :]
+        if cached and (not tail or (len(tail) == 2 and tail[0] == "snapshots")):
+            return f"{cached[1]}/{cached[2]}", f"local Hugging Face cache folder {parts[at]!r}"
     return parts[-1], f"local path, by its last component {parts[-1]!r}"
 
 
