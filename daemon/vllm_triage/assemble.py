@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import re
 import shutil
 import socket
 import ssl
@@ -307,19 +308,41 @@ def unnamed_receiver(kind: str, url: str) -> str:
     return f"{kind}-{digest}"
 
 
+#: A key of a store written before receivers had stable names: the receiver's type and
+#: its position among all receivers (a stable key's suffix is 8 hex digits).
+_POSITIONAL = re.compile(r"(?P<kind>[a-z_]+)-(?P<index>\d{1,7})")
+
+
 def _adopt_positional_names(settings: Settings, store: StateStore) -> None:
     """Stores written before receivers had stable names keyed an unnamed receiver by its
-    position (``slack-0``): hand each such key to the unnamed receiver of that type still
-    at that position, once, and say so. Any other unknown key is the notifier's to
-    report (``receiver_gone``)."""
+    position (``slack-0``). The position says nothing once receivers were reordered in
+    the same restart, so a key is handed over only where that cannot go wrong: the store
+    holds one positional key of a type and the settings one unnamed receiver of that type
+    (wherever it now stands); it is renamed to that receiver's key, once, and said. Where
+    two or more could be meant, nothing is handed over and that is said (``receiver_gone``
+    then reports what was kept for them): a queue given to the wrong receiver sends one
+    team's alerts to another."""
     names = {receiver_name(settings, i) for i in range(len(settings.receivers))}
-    kept = store.restored.receivers()
-    for i, r in enumerate(settings.receivers):
-        old = f"{r.type}-{i}"
-        if r.name is None and old in kept and old not in names:
-            new = receiver_name(settings, i)
-            store.rename_receiver(old, new)
-            log.info("receiver_key_renamed", old=old, new=new, why="stable receiver names")
+    legacy: dict[str, list[str]] = {}
+    for key in sorted(store.restored.receivers() - names):
+        found = _POSITIONAL.fullmatch(key)
+        if found is not None:
+            legacy.setdefault(found["kind"], []).append(key)
+    for kind, keys in sorted(legacy.items()):
+        unnamed = [i for i, r in enumerate(settings.receivers) if r.type == kind and r.name is None]
+        if len(keys) == 1 and len(unnamed) == 1:
+            new = receiver_name(settings, unnamed[0])
+            store.rename_receiver(keys[0], new)
+            log.info("receiver_key_renamed", old=keys[0], new=new, why="stable receiver names")
+        elif unnamed:
+            log.warning(
+                "receiver_keys_not_adopted",
+                kind=kind,
+                old=keys,
+                unnamed_receivers=len(unnamed),
+                why="kept by position by an older version, and which receiver each was "
+                "cannot be told now; name your receivers (`name:`) to keep their queues",
+            )
 
 
 def build_notifier(
