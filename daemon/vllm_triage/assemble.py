@@ -166,11 +166,13 @@ def build_target(
     store: StateStore | None = None,
     rulebook: Rulebook | None = None,
     server_labels: Mapping[str, str] | None = None,
+    say: Any = None,
 ) -> Target:
     """A target's after-the-core half, configured or discovered. ``url`` is shown to
     people (never with credentials); ``settings`` are the ones in force for it (a
     configured target's own hardware and model included: ``Settings.for_target``);
-    ``server_labels``: its identity labels on its alerts (default: the settings')."""
+    ``server_labels``: its identity labels on its alerts (default: the settings');
+    ``say``: where its condition lines go (``Target``)."""
     rules = rulebook or build_rulebook(settings)
     parts = TargetParts(
         name=name,
@@ -182,7 +184,7 @@ def build_target(
             dict(settings.alerting.server_labels) if server_labels is None else server_labels
         ),
     )
-    return Target(parts, notifier=notifier, store=store)
+    return Target(parts, notifier=notifier, store=store, say=say)
 
 
 def build_scraped(
@@ -397,7 +399,7 @@ def build_fleet(
     top = build_rulebook(settings)
     shown = safe_url(source.url.rstrip("/") + "/api/v1/query")
 
-    def new_target(name: str, identity: Mapping[str, str]) -> Target:
+    def new_target(name: str, identity: Mapping[str, str], say: Any = None) -> Target:
         # A server's alerts carry its identity labels, as the rules' alerts do.
         labels = {**settings.alerting.server_labels, **identity}
         target = build_target(
@@ -408,6 +410,7 @@ def build_fleet(
             store=store,
             rulebook=top,
             server_labels=labels,
+            say=say,
         )
         if store is not None:
             store.participants.append(target)

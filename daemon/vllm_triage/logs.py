@@ -130,6 +130,42 @@ def configure(
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
 
 
+class Chorus:
+    """What many parts would each log in one pass (a fleet's servers in one tick), said
+    together: it takes their lines as a logger would (``warning``, ``info``, ``error``)
+    and ``say`` writes one line per event with how many said it and the first few, so
+    2,000 servers failing alike, or discovered at once, make one line, not 2,000."""
+
+    #: The parts a line names in full; the rest are counted.
+    FIRST = 5
+
+    def __init__(self) -> None:
+        self._lines: dict[tuple[str, str], list[dict[str, Any]]] = {}
+
+    def _keep(self, level: str, event: str, fields: dict[str, Any]) -> None:
+        self._lines.setdefault((level, event), []).append(fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._keep("info", event, fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._keep("warning", event, fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self._keep("error", event, fields)
+
+    def say(self, logger: Any) -> int:
+        """Write what was kept, one line per (level, event), and forget it; the lines."""
+        for (level, event), said in self._lines.items():
+            if len(said) == 1:
+                getattr(logger, level)(event, **said[0])
+            else:
+                getattr(logger, level)(event, parts=len(said), first=said[: self.FIRST])
+        written = len(self._lines)
+        self._lines.clear()
+        return written
+
+
 #: A condition that repeats (a dead target, an unanswered probe, a series that is always
 #: NaN) logs its first occurrence at once, then one line per this many seconds.
 REPEAT_LOG_EVERY_S = 60.0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -56,10 +57,11 @@ class TargetParts:
 class Health:
     """A target's (or the fleet's query API's) up/down state and failure log: a failure
     is counted by reason and logged at once, then once a minute while it lasts, and once
-    when it recovers."""
+    when it recovers. ``say``: where its lines go (default: the log)."""
 
-    def __init__(self, state: TargetState) -> None:
+    def __init__(self, state: TargetState, say: Any = None) -> None:
         self.state = state
+        self.say = say or log
         self._failures = Throttle()
 
     def failed(self, reason: str, message: str) -> None:
@@ -72,11 +74,11 @@ class Health:
         st.last_error = message
         # Logged at once when the reason changes (a timeout, then a redirect): new news.
         self._failures.warn(
-            log, "scrape_failed", key=reason, target=st.name, reason=reason, err=message
+            self.say, "scrape_failed", key=reason, target=st.name, reason=reason, err=message
         )
 
     def succeeded(self, at: float) -> None:
-        self._failures.recovered(log, "scrape_recovered", target=self.state.name)
+        self._failures.recovered(self.say, "scrape_recovered", target=self.state.name)
         self.state.up, self.state.last_success_at = True, at
 
 
@@ -87,11 +89,17 @@ class Target:
         *,
         notifier: Notifier | None,
         store: StateStore | None = None,
+        say: Any = None,
     ) -> None:
+        """``say``: where the target's lines about its conditions go (failures, unusable
+        series, a clock going back; default: the log). Fleet mode gathers its servers'
+        into one line per event a tick (``logs.Chorus``); incident transitions are always
+        logged as they happen."""
         self.evaluator = parts.evaluator
         self.state = TargetState(parts.name, parts.url, parts.evaluator.rulebook.ceiling)
         self.state.history = parts.history
-        self.health = Health(self.state)
+        self._say = say or log
+        self.health = Health(self.state, self._say)
         self._max_models = parts.max_models
         self._server_labels = dict(parts.server_labels)
         self._notifier = notifier
@@ -106,7 +114,7 @@ class Target:
             self._saved = store.restored.incidents.pop(parts.name, ())
             if self._saved:
                 self.evaluator.restore(self._saved)
-                log.info(
+                self._say.info(
                     "incidents_restored",
                     target=parts.name,
                     incidents=[f"{r.model_name}: {r.state} {r.cause or ''}" for r in self._saved],
@@ -176,7 +184,7 @@ class Target:
         self.evaluator.restart_window()
         self.state.clock_steps_back += 1
         self._clock_back.warn(
-            log,
+            self._say,
             "clock_went_back",
             count="times_since_last_log",
             target=self.state.name,
@@ -221,7 +229,11 @@ class Target:
         self._log_inconsistent(evaluation)
         if not evaluation.accepted:
             self._out_of_order.warn(
-                log, "snapshot_out_of_order", count="times_since_last_log", target=st.name, at=at
+                self._say,
+                "snapshot_out_of_order",
+                count="times_since_last_log",
+                target=st.name,
+                at=at,
             )
             return
         if st.history is not None:
@@ -260,7 +272,7 @@ class Target:
             self._inconsistent.clear()
             return
         self._inconsistent.warn(
-            log,
+            self._say,
             "counters_inconsistent",
             count=None,
             target=self.state.name,
@@ -273,7 +285,7 @@ class Target:
         """Unusable series are counted on every scrape and logged once a minute at most
         (a target that always sends a NaN must not write a line per scrape)."""
         self._problems.warn(
-            log,
+            self._say,
             "series_unusable",
             count="scrapes_since_last_log",
             target=self.state.name,

@@ -85,6 +85,16 @@ def _retry_after(resp: Answer) -> float | None:
         return None  # an HTTP date: rare from webhook receivers; back off as usual
 
 
+#: Notifications a line about many of them names (the rest are counted).
+_NAMED = 5
+
+
+def _first(notes: list[Notification]) -> list[str]:
+    return [n.what for n in notes[:_NAMED]] + (
+        [f"and {len(notes) - _NAMED} more"] if len(notes) > _NAMED else []
+    )
+
+
 class Delivery:
     """The queue and worker of one receiver."""
 
@@ -95,6 +105,8 @@ class Delivery:
         self.name = receiver.name
         self.settings = settings = receiver.settings
         self.stats = ReceiverStats()
+        #: Notifications dropped since the queue last had room (``_append``).
+        self._dropping = 0
         self._client = client
         self._url = receiver.url
         self._headers = {
@@ -161,11 +173,24 @@ class Delivery:
             log.info("notifications_restored", receiver=self.name, count=len(kept))
 
     def _append(self, row: int | None, n: Notification) -> None:
-        if len(self._queue) >= self.settings.queue_size:
+        size = self.settings.queue_size
+        if len(self._queue) >= size:
             lost = self._queue.popleft()
             self._forget(self._rows.popleft())
             self.stats.dropped += 1
-            log.error("notification_dropped", receiver=self.name, what=lost.what, why="queue full")
+            # Said at the first drop, then once per queue_size more (not once each: a
+            # fleet firing 2,000 alerts at once into a queue of 1,000 made 1,000 lines).
+            self._dropping += 1
+            if self._dropping % size == 1 or size == 1:
+                log.error(
+                    "notification_dropped",
+                    receiver=self.name,
+                    what=lost.what,
+                    dropped_in_a_row=self._dropping,
+                    why="queue full",
+                )
+        else:
+            self._dropping = 0
         self._queue.append(n)
         self._rows.append(row)
         self._idle.clear()
@@ -211,14 +236,17 @@ class Delivery:
         left = list(self._queue) + ([Notification(b"", "in flight")] if self._busy else [])
         self._queue.clear()
         self._rows.clear()
+        if not left:
+            return 0
+        # One line per receiver, however long its queue (a thousand lines at shutdown
+        # said nothing more than one): how many, and the first few.
+        said = {"receiver": self.name, "count": len(left), "what": _first(left)}
         if self._store is not None and self._store.durable:
             self.kept = len(left)
-            for n in left:
-                log.warning("notification_kept", receiver=self.name, what=n.what, why=why)
+            log.warning("notification_kept", **said, why=why)
             return 0
-        for n in left:
-            self.stats.failed += 1
-            log.error("notification_failed", receiver=self.name, what=n.what, err=why)
+        self.stats.failed += len(left)
+        log.error("notification_failed", **said, err=why)
         return len(left)
 
     def _wait_for(self, state: RetryCallState) -> float:

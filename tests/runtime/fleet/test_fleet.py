@@ -927,3 +927,32 @@ class TestOneServerNeverBlindsTheRest:
         assert st.view is not None and st.view.evaluation.at == NOW - 300 + STEP
         assert st.clock_steps_back == 1
         assert len([e for e in logs if e["event"] == "clock_went_back"]) == 1
+
+    def test_many_servers_alike_make_one_line_per_event(self) -> None:
+        """Before: each server discovered, failing or with unusable rows said its own line:
+        2,000 servers made 6,000 lines on the first tick. Now one line per event a tick,
+        with how many servers said it and the first few."""
+        fake = Fake()
+        fake.servers = {f"s{i}:8000": "healthy" for i in range(40)}
+        answer = fake.answer
+
+        def a_bad_row_each(query: str, at: float) -> list[dict[str, Any]]:
+            rows = answer(query, at)
+            if fake.keys.get(query) == "running_mean":
+                rows += [
+                    {"metric": {**r["metric"], "le": "x"}, "value": [at, "NaN"]} for r in list(rows)
+                ]
+            return rows
+
+        fake.answer = a_bad_row_each  # type: ignore[method-assign]
+        times = warm(fake, [NOW - STEP, NOW])
+        with query_api(fake) as url, capture_logs() as logs:
+            source = run_ticks(fleet_settings(url), times, fake=fake)
+        events = [e["event"] for e in logs]
+        assert len(source.targets) == 40
+        assert events.count("fleet_target_discovered") == 1
+        (found,) = [e for e in logs if e["event"] == "fleet_target_discovered"]
+        assert found["parts"] == 40 and len(found["first"]) == 5
+        (unusable,) = [e for e in logs if e["event"] == "series_unusable"]
+        assert unusable["parts"] == 40
+        assert len(logs) <= 6, events
