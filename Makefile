@@ -12,7 +12,8 @@ help:
 	@echo "make bench  benchmarks: the core against prometheus_client, targets per core,"
 	@echo "            memory over simulated hours, detection and delivery latency,"
 	@echo "            the state store's cost per write, peak memory under the largest scrape,"
-	@echo "            fleet mode's servers per core against a real Prometheus"
+	@echo "            fleet mode's servers per core against a real Prometheus,"
+	@echo "            the daemon and whatif under the hostile probes"
 	@echo "make demo   run the built-in demo"
 	@echo "make golden regenerate tests/golden/metrics.prom (read the diff before committing)"
 
@@ -37,6 +38,7 @@ bench: venv
 	$(BIN)/python bench/bench_store.py
 	$(BIN)/python bench/bench_peak_rss.py
 	$(BIN)/python bench/bench_fleet.py
+	$(BIN)/python bench/bench_hostile.py
 
 demo: venv
 	$(BIN)/vllm-triage demo

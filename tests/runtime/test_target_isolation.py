@@ -10,9 +10,11 @@ order, one unthrottled log line each, ``up`` still 1, until the clock caught up.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
+from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
 from vllm_triage.assemble import build_scraped, build_target
@@ -20,9 +22,11 @@ from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import TargetSettings
 from vllm_triage.core.evaluate import Evaluator
 from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.serve.exporter import build_registry
 from vllm_triage.state import FAILURE_REASONS
 from vllm_triage.target import Target
 
+from support.harness import running_daemon, wait_for
 from support.localserver import replies, serving
 from support.scenarios import recorded
 
@@ -169,3 +173,37 @@ def test_an_evaluator_restarted_keeps_its_incidents() -> None:
     active = ev.incidents.active()
     ev.restart_window()
     assert len(ev.window) == 0 and ev.last_at is None and ev.incidents.active() == active
+
+
+def test_a_running_daemon_judges_on_when_its_clock_steps_back() -> None:
+    """The daemon itself, its wall clock stepped back five minutes after a few scrapes:
+    every scrape after the step is judged (the target's view moves on), it is said once
+    and counted on /metrics, and the target stays up."""
+    stepped = {"back": 0.0}
+
+    def clock() -> float:
+        return time.time() - stepped["back"]
+
+    with serving(replies((200, SCRAPES[0][1].encode()))) as server:
+        settings = load_settings(
+            flags={
+                "listen": "127.0.0.1:0",
+                "interval_seconds": 0.2,
+                "state_dir": None,
+                "targets": [{"name": "t", "url": server.url("/metrics")}],
+            }
+        )
+        with capture_logs() as logs, running_daemon(settings, clock=clock) as d:
+            (scraper,) = d.scrapers
+            st = scraper.target.state
+            wait_for(lambda: st.view is not None and st.scrapes >= 3, timeout=20)
+            stepped["back"] = 300.0
+            before = st.scrapes
+            wait_for(lambda: st.scrapes >= before + 5, timeout=20)
+            view = st.view
+            metrics = generate_latest(build_registry(lambda: [st], list)).decode()
+    assert view is not None and view.evaluation.at < time.time() - 250
+    assert st.up and st.clock_steps_back == 1 and not st.failures
+    assert len([e for e in logs if e["event"] == "clock_went_back"]) == 1
+    assert not [e for e in logs if e["event"] == "snapshot_out_of_order"]
+    assert 'vllm_triage_clock_steps_back_total{target="t"} 1.0' in metrics
