@@ -285,7 +285,7 @@ def whatif() -> list[dict[str, Any]]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="the hostile probes, timed and weighed")
     parser.add_argument("what", nargs="?", default="all", choices=("daemon", "whatif", "all"))
     parser.add_argument("--seconds", type=float, default=30.0)
     args = parser.parse_args(argv)
