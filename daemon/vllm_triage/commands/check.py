@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
 from vllm_triage.commands.argtypes import MIN_SECONDS, http_url, positive_int, seconds
+from vllm_triage.core.counts import counted
 from vllm_triage.errors import TriageError
 
 if TYPE_CHECKING:
@@ -290,7 +291,8 @@ def run(args: argparse.Namespace) -> int:
     if args.window / (args.scrapes - 1) < MIN_SECONDS:
         # A scrape every millisecond is a load test of the server, not a check of it.
         print(
-            f"vllm-triage check: error: {args.scrapes} scrapes over {args.window:g} s are "
+            f"vllm-triage check: error: {counted(args.scrapes, 'scrape')} over "
+            f"{args.window:g} s are "
             f"{args.window / (args.scrapes - 1):.3g} s apart; at least {MIN_SECONDS:g} s: "
             "fewer --scrapes or a longer --window",
             file=sys.stderr,

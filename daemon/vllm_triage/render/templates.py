@@ -116,8 +116,8 @@ def values(objectives: Objectives) -> dict[str, str]:
     for_seconds = objectives.open_after * RULE_INTERVAL_SECONDS
     if for_seconds > MAX_FOR_SECONDS:
         raise ConfigError(
-            f"incident.open_after: {objectives.open_after} evaluations make the alerts' "
-            f"`for:` {for_seconds:.3g} s, longer than Prometheus reads "
+            f"incident.open_after: {objectives.open_after} x {RULE_INTERVAL_SECONDS} s makes "
+            f"the alerts' `for:` {for_seconds:.3g} s, longer than Prometheus reads "
             f"({MAX_FOR_SECONDS:,} s, about 292 years): it would refuse the whole file"
         )
     out["for_seconds"] = number(for_seconds)

@@ -30,6 +30,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from vllm_triage.core.counts import counted
 from vllm_triage.errors import RecordingError
 
 MAX_RUNNING = 65_536
@@ -108,7 +109,7 @@ def _g(value: float) -> str:
 
 
 def _engines(n: int) -> str:
-    return "one engine" if n == 1 else f"{n} engines"
+    return "one engine" if n == 1 else counted(n, "engine")
 
 
 def merged(
