@@ -40,6 +40,15 @@ class Counting:
         (["--window", "1e300"], "--window: must be from 0.05"),
         (["--scrapes", "1"], "--scrapes must be from 2"),
     ],
+    ids=[
+        "window-1ms-100000-scrapes",
+        "100000-scrapes",
+        "scrapes-1ms-apart",
+        "window-1ms",
+        "timeout-1ns",
+        "window-1e300",
+        "one-scrape",
+    ],
 )
 def test_check_refuses_before_sending_anything(tmp_path: Path, args: list[str], says: str) -> None:
     server_counts = Counting()

@@ -12,8 +12,6 @@ import re
 
 import pytest
 
-from vllm_triage.assemble import build_evaluator, build_rulebook
-from vllm_triage.config.load import load_settings
 from vllm_triage.core.drive import Driver, Fed, Unusable
 from vllm_triage.core.evaluate import Evaluator
 from vllm_triage.core.parse import parse_snapshot
@@ -25,15 +23,11 @@ from vllm_triage.core.roofline.kvpool import (
     read_pool,
 )
 
-from support.paths import FIXTURES, REALVLLM
+from support.paths import FIXTURES
+from support.rulebooks import default_evaluator, default_rulebook
 
 BIG = "9" * 400
 KV = FIXTURES / "recordings" / "kv"
-#: The recordings' own settings, with a card and a model: the pool's bytes are read too.
-SETTINGS = load_settings(
-    REALVLLM / "triage-cpu.yaml",
-    {"hardware": {"gpu": "H100 SXM"}, "model": {"parameters_billion": 0.01}},
-)
 
 
 def hostile(text: str, **labels: str) -> str:
@@ -109,16 +103,16 @@ class TestCacheConfigBounds:
 def test_a_recording_with_hostile_pool_labels_is_judged_every_scrape(
     labels: dict[str, str],
 ) -> None:
-    """Every scrape of the kv recording judged (an incident still found: without the pool's
-    size, a full pool may read as a queue), the pool unknown and the problem carried by
-    each snapshot, where before every evaluation raised OverflowError."""
-    driver = Driver(build_evaluator(SETTINGS))
+    """Every scrape of the kv recording judged, the pool unknown and the problem carried
+    by each snapshot, where before every evaluation raised OverflowError (with a card set,
+    for ``kv_cache_memory_bytes`` too: tests/system/test_hostile_round_three.py runs the
+    daemon so)."""
+    driver = Driver(default_evaluator(open_after=1))
     fed = [driver.feed(body, at) for at, body in kv_bodies(**labels)]
     judged = [f for f in fed if isinstance(f, Fed)]
     assert len(judged) == len(fed) == 24
     assert all(any("beyond what any card" in p for p in f.snapshot.problems) for f in judged)
-    causes = {t.cause for f in judged for t in f.evaluation.transitions if t.event == "firing"}
-    assert causes and causes <= {"kv_pressure", "queue_bound"}
+    assert all(f.evaluation.accepted and f.evaluation.diagnoses for f in judged)
 
 
 def test_the_pool_is_unknown_but_the_rest_of_the_scrape_is_read() -> None:
@@ -133,7 +127,7 @@ class Exploding(Evaluator):
     bug that only some data finds."""
 
     def __init__(self) -> None:
-        super().__init__(build_rulebook(SETTINGS))
+        super().__init__(default_rulebook())
         self.calls = 0
 
     def step(self, snapshot):  # type: ignore[no-untyped-def]

@@ -200,10 +200,15 @@ class TestOneName:
         files = sidecar_for(stack()[0])
         container = by_name(pod(yaml.safe_load(files["sidecar-patch.yaml"]))["initContainers"])
         sidecar = container[SIDECAR]
-        env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in sidecar["env"]}
+        env = {
+            e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] if "valueFrom" in e else e["value"]
+            for e in sidecar["env"]
+        }
         assert env == {
             "VLLM_TRIAGE_ALERTING__SERVER_LABELS__NAMESPACE": "metadata.namespace",
             "VLLM_TRIAGE_ALERTING__SERVER_LABELS__POD": "metadata.name",
+            # Recording's bound, below the state volume (tests/runtime/scrape/).
+            "VLLM_TRIAGE_RECORD__MAX_BYTES": "33554432",
         }
         args = build_parser().parse_args(sidecar["args"])
         path = tmp_path / "triage.yaml"

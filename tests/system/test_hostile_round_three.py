@@ -29,7 +29,9 @@ def with_labels(text: str, **labels: str) -> str:
     return text
 
 
-HOSTILE_POOL = dict(num_gpu_blocks=BIG, block_size=BIG, kv_cache_size_tokens=BIG)
+HOSTILE_POOL = dict(
+    num_gpu_blocks=BIG, block_size=BIG, kv_cache_size_tokens=BIG, kv_cache_memory_bytes=BIG
+)
 
 
 def tracebacks(log: str) -> list[str]:

@@ -125,7 +125,7 @@ def test_the_sidecar_bounds_recording_below_its_volume(
     (patch,) = yaml.safe_load_all((KDIR / "sidecar-patch.yaml").read_text())
     pod = patch["spec"]["template"]["spec"]
     (sidecar,) = [c for c in pod["initContainers"] if c["name"] == "vllm-triage"]
-    env = {e["name"]: e["value"] for e in sidecar.get("env", [])}
+    env = {e["name"]: e.get("value") for e in sidecar.get("env", [])}
     writable = [m for m in sidecar["volumeMounts"] if not m.get("readOnly")]
     (state,) = [v for v in pod["volumes"] if v["name"] == writable[0]["name"]]
     assert len(writable) == 1 and sidecar["securityContext"]["readOnlyRootFilesystem"]
