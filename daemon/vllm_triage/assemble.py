@@ -33,10 +33,12 @@ from vllm_triage.ceiling.sizing import ModelSize
 from vllm_triage.config.auth import auth_headers
 from vllm_triage.config.rulebook import Rulebooks, ceiling_of, model_size_of, slo_of
 from vllm_triage.config.schema import (
+    TENANT_HEADER,
     PrometheusSourceSettings,
     ReceiverSettings,
     Settings,
     TargetSettings,
+    TlsSettings,
 )
 from vllm_triage.core.evaluate import Evaluator
 from vllm_triage.core.parse import ParseLimits
@@ -46,6 +48,7 @@ from vllm_triage.errors import ConfigError
 from vllm_triage.fleet.hardware import HardwareResolver
 from vllm_triage.fleet.source import FleetParts, PrometheusSource
 from vllm_triage.net.redact import safe_url
+from vllm_triage.net.tls import client_context
 from vllm_triage.notify.delivery import Delivery
 from vllm_triage.notify.notifier import Notifier
 from vllm_triage.notify.receivers import build_receiver
@@ -418,6 +421,22 @@ def build_fleet(
 
     hardware = build_hardware_resolver(settings)
     api = Health(TargetState("prometheus", safe_url(source.url), None))
+    headers = {"Accept": "application/json", "Accept-Encoding": "gzip", **auth_headers(source)}
+    if source.tenant is not None:
+        headers[TENANT_HEADER] = source.tenant
+    # The query API's own trust and identity (a private CA, a client certificate): a
+    # client of its own, so the receivers never present that certificate or trust that CA.
+    tls = source.tls
+    own = tls != TlsSettings()
+    if own:
+        context = client_context(
+            ca_file=tls.ca_file,
+            cert_file=tls.cert_file,
+            key_file=tls.key_file,
+            insecure_skip_verify=tls.insecure_skip_verify,
+            key="prometheus.tls",
+        )
+        client = httpx.AsyncClient(follow_redirects=False, verify=context)
     parts = FleetParts(
         source=source,
         window_seconds=settings.window_seconds,
@@ -427,11 +446,13 @@ def build_fleet(
         hardware=hardware,
         new_target=new_target,
         api=api,
-        headers={"Accept": "application/json", "Accept-Encoding": "gzip", **auth_headers(source)},
+        headers=headers,
         # Prometheus' range must hold several of its own scrapes: a minute at least.
         stall_seconds=max(settings.thresholds.stall_after_seconds, 60.0),
     )
-    return PrometheusSource(parts, client=client, notifier=notifier, clock=clock, store=store)
+    return PrometheusSource(
+        parts, client=client, notifier=notifier, clock=clock, store=store, own_client=own
+    )
 
 
 def external_url(settings: Settings, address: tuple[str, int]) -> str:

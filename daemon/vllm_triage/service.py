@@ -252,9 +252,10 @@ class Daemon:
         await asyncio.gather(*workers, return_exceptions=True)
         lost = sum(d.abandon("undelivered at shutdown") for d in self.notifier.deliveries)
         kept = sum(d.kept for d in self.notifier.deliveries)
-        await asyncio.gather(
-            self._client.aclose(), *(sc.close() for sc in self.scrapers), return_exceptions=True
-        )
+        closing = [self._client.aclose(), *(sc.close() for sc in self.scrapers)]
+        if self.fleet is not None:
+            closing.append(self.fleet.close())
+        await asyncio.gather(*closing, return_exceptions=True)
         self.parts.opened.close()
         log.info(
             "stopped",

@@ -42,6 +42,7 @@ FAILURE_REASONS: Mapping[str, str] = {
     "too_costly": "more lines, or a longer line or label, than the parse limits allow",
     "evaluate": "read, but judging it raised (a bug its data found)",
     "absent": "fleet mode: no series for this server in the query API",
+    "auth": "fleet mode: the query API's credentials could not be read (bearer_token_file)",
     "other": "anything else",
 }
 
@@ -216,8 +217,12 @@ class TargetState:
     #: Scrapes (fleet steps) timed before the last evaluation: the clock went back, and
     #: the window started again (``Target``).
     clock_steps_back: int = 0
-    #: Fleet mode's query API only: servers beyond ``prometheus.max_servers`` now.
+    #: Fleet mode's query API only: servers beyond ``prometheus.max_servers`` now; the
+    #: servers not judged at the last tick because their answers may miss data, by
+    #: reason (``fleet.completeness``); answers that said they were partial, so far.
     servers_left_out: int | None = None
+    cannot_tell: dict[str, int] | None = None
+    partial_answers: int = 0
     recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))
     #: The active probe's counts, when the target has one.
     probe: ProbeStats | None = None

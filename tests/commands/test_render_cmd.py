@@ -1,6 +1,8 @@
-"""``vllm-triage render rules|dashboard`` (daemon/vllm_triage/commands/render.py), run as a user
-runs it: the defaults give the bundled files byte for byte, a settings file gives its own numbers,
-and bad settings or an unwritable output are one clear line and exit 2."""
+"""``vllm-triage render rules|dashboard|relabel`` (daemon/vllm_triage/commands/render.py), run as
+a user runs it: the defaults give the bundled files byte for byte, a settings file gives its own
+numbers (fleet mode's shard rule: its buckets, label and the DCGM join's two sides), and bad
+settings or an unwritable output are one clear line and exit 2. A real Prometheus loads the
+shard rule in tests/system/test_integration.py."""
 
 from __future__ import annotations
 
@@ -84,6 +86,47 @@ class TestWithSettings:
         assert out.read_text(encoding="utf-8") == DASHBOARD.read_text(encoding="utf-8")
         json.loads(out.read_text(encoding="utf-8"))
         assert sorted(p.name for p in tmp_path.iterdir()) == ["vllm-triage.json"]  # no temp left
+
+
+class TestRelabel:
+    def test_the_default_rule_hashes_the_pod_into_256_buckets(self, tmp_path: Path) -> None:
+        result = vllm_triage("render", "relabel", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        doc = yaml.safe_load(result.stdout)
+        rule = {
+            "source_labels": ["namespace", "pod"],
+            "separator": "/",
+            "modulus": 256,
+            "target_label": "vllm_triage_shard",
+            "action": "hashmod",
+        }
+        assert doc == {
+            "vllm": {"metric_relabel_configs": [rule]},
+            "dcgm": {"metric_relabel_configs": [rule]},
+        }
+        assert "prometheus.shard.buckets: 256" in result.stdout
+
+    def test_the_settings_buckets_label_and_dcgm_join(self, tmp_path: Path) -> None:
+        config = tmp_path / "triage.yaml"
+        config.write_text(
+            "source: prometheus\nprometheus:\n  url: http://prometheus:9090\n"
+            "  shard: {count: 4, buckets: 64, label: bucket}\n"
+            "  dcgm: {join: {namespace: exported_namespace, pod: exported_pod}}\n",
+            encoding="utf-8",
+        )
+        result = vllm_triage("render", "relabel", "--config", str(config), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        doc = yaml.safe_load(result.stdout)
+        vllm, dcgm = (doc[k]["metric_relabel_configs"][0] for k in ("vllm", "dcgm"))
+        assert vllm["source_labels"] == ["namespace", "pod"]
+        assert dcgm["source_labels"] == ["exported_namespace", "exported_pod"]
+        assert vllm["modulus"] == dcgm["modulus"] == 64
+        assert vllm["target_label"] == dcgm["target_label"] == "bucket"
+
+    def test_format_is_refused(self, tmp_path: Path) -> None:
+        result = vllm_triage("render", "relabel", "--format", "prometheusrule", cwd=tmp_path)
+        assert result.returncode == 2
+        assert "--format is for `render rules`" in result.stderr
 
 
 class TestErrors:

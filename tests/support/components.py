@@ -1,13 +1,16 @@
-"""Debian's Prometheus and Alertmanager as the tests run them: each started on 127.0.0.1
-on a free port, waited for until ready, and stopped after (the `prometheus` tier)."""
+"""Debian's Prometheus and Alertmanager (and VictoriaMetrics) as the tests run them: each
+started on 127.0.0.1 on a free port, waited for until ready, and stopped after (the
+`prometheus` tier)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,7 +22,9 @@ from support.harness import free_port, wait_for
 def binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} not found: apt-get install prometheus prometheus-alertmanager")
+        pytest.fail(
+            f"{name} not found: apt-get install prometheus prometheus-alertmanager victoria-metrics"
+        )
     return path
 
 
@@ -67,17 +72,22 @@ def prometheus(
     honor_labels: tuple[str, ...] = (),
     rules: Path | None = None,
     alertmanager: str | None = None,
+    metric_relabel: dict[str, list[dict[str, Any]]] | None = None,
 ) -> Iterator[str]:
     """A Prometheus scraping ``targets`` ({job: [host:port]}) every second; its URL.
     ``labels`` adds target labels ({host:port: {label: value}}), as a Kubernetes service
     discovery would; jobs in ``honor_labels`` keep the labels their targets expose;
-    ``rules`` are evaluated and their alerts sent to ``alertmanager``."""
+    ``rules`` are evaluated and their alerts sent to ``alertmanager``; ``metric_relabel``
+    gives jobs their ``metric_relabel_configs`` ({job: [rule]})."""
     port = free_port()
     jobs = ""
     for job, addrs in targets.items():
         jobs += f"  - job_name: {job}\n"
         if job in honor_labels:
             jobs += "    honor_labels: true\n"
+        relabels = (metric_relabel or {}).get(job)
+        if relabels:
+            jobs += f"    metric_relabel_configs: {json.dumps(relabels)}\n"
         jobs += "    static_configs:\n"
         for addr in addrs:
             extra = (labels or {}).get(addr, {})

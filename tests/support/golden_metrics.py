@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import structlog
 from prometheus_client import generate_latest
+from prometheus_client.registry import CollectorRegistry
 
 from vllm_triage.assemble import build_scraped
 from vllm_triage.config.load import load_settings
@@ -64,15 +65,19 @@ def _replayed(name: str, recording: str, extra: dict[str, object] | None) -> Tar
     return watcher.state
 
 
-def render() -> str:
+def registry(*, process_metrics: bool = False) -> CollectorRegistry:
+    """The exporter's registry over the replayed recordings."""
     with structlog.testing.capture_logs():  # the transitions' log lines are not the point
         states = [_replayed(*t) for t in TARGETS]
     receiver = ReceiverSettings(type="alertmanager_webhook", url="http://127.0.0.1:9/hook")
     # Nothing is sent: the exporter only reads the delivery's counters (all zero here).
     ds = [Delivery(build_receiver("ops", receiver, "http://127.0.0.1:9468"), httpx.AsyncClient())]
     slo = slo_of(load_settings(CONFIG).slo)
-    registry = build_registry(lambda: states, lambda: ds, slo=slo, process_metrics=False)
-    text = generate_latest(registry).decode("utf-8")
+    return build_registry(lambda: states, lambda: ds, slo=slo, process_metrics=process_metrics)
+
+
+def render() -> str:
+    text = generate_latest(registry()).decode("utf-8")
     return _BUILD_INFO.sub(r'\1{python_version="(pinned)",version="(pinned)"}', text)
 
 

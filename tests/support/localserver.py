@@ -15,6 +15,8 @@ Used as a context manager it serves inside the block and lets go of the port aft
 from __future__ import annotations
 
 import contextlib
+import socket
+import ssl
 import threading
 import time
 import weakref
@@ -138,10 +140,20 @@ class _HTTPServer(ThreadingHTTPServer):
 
     request_queue_size = BACKLOG
 
-    def __init__(self, port: int, owner: LocalServer, protocol: str) -> None:
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, address = super().get_request()
+        if self.tls is not None:
+            # The handshake happens on the handler's thread, at its first read.
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, address
+
+    def __init__(
+        self, port: int, owner: LocalServer, protocol: str, tls: ssl.SSLContext | None = None
+    ) -> None:
         super().__init__(("127.0.0.1", port), _Handler, bind_and_activate=False)
         self.owner = weakref.ref(owner)  # the socket's finalizer must not keep it alive
         self.protocol = protocol
+        self.tls = tls
         try:
             self.server_bind()
         except OSError:
@@ -158,23 +170,31 @@ def _close(held: list[_HTTPServer | None]) -> None:
 class LocalServer:
     """An HTTP server on 127.0.0.1 answering every request with ``handler``."""
 
-    def __init__(self, handler: Handler, *, port: int = 0, http11: bool = False) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        port: int = 0,
+        http11: bool = False,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.handler = handler
         self.protocol = "HTTP/1.1" if http11 else "HTTP/1.0"
+        self.tls = tls
         #: Set while stopping or stopped: ``Exchange.hang`` returns then.
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._requests: list[Request] = []
         self._thread: threading.Thread | None = None
         # A list, so that the finalizer can close the socket without holding the server.
-        self._held: list[_HTTPServer | None] = [_HTTPServer(port, self, self.protocol)]
+        self._held: list[_HTTPServer | None] = [_HTTPServer(port, self, self.protocol, tls)]
         self.port = self._bound().server_address[1]
         weakref.finalize(self, _close, self._held)
 
     def _bound(self) -> _HTTPServer:
         httpd = self._held[0]
         if httpd is None:
-            httpd = self._held[0] = _HTTPServer(self.port, self, self.protocol)
+            httpd = self._held[0] = _HTTPServer(self.port, self, self.protocol, self.tls)
         return httpd
 
     def _arrived(self, request: Request) -> None:
@@ -188,7 +208,8 @@ class LocalServer:
             return list(self._requests)
 
     def url(self, path: str = "") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
 
     @property
     def serving(self) -> bool:
@@ -231,9 +252,12 @@ class LocalServer:
 
 
 @contextmanager
-def serving(handler: Handler, *, port: int = 0, http11: bool = False) -> Iterator[LocalServer]:
-    """``handler`` served on 127.0.0.1 for the block; the port is let go after it."""
-    with LocalServer(handler, port=port, http11=http11) as server:
+def serving(
+    handler: Handler, *, port: int = 0, http11: bool = False, tls: ssl.SSLContext | None = None
+) -> Iterator[LocalServer]:
+    """``handler`` served on 127.0.0.1 for the block (over TLS with ``tls``, a server
+    context); the port is let go after it."""
+    with LocalServer(handler, port=port, http11=http11, tls=tls) as server:
         yield server
 
 

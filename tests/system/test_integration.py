@@ -1,10 +1,14 @@
-"""vllm-triage with the real components, all on 127.0.0.1 (Debian's `prometheus` and
-`prometheus-alertmanager` packages; CI installs them):
+"""vllm-triage with the real components, all on 127.0.0.1 (Debian's `prometheus`,
+`prometheus-alertmanager` and `victoria-metrics` packages; CI installs them):
 
 - a real Prometheus scrapes two simulated vLLM servers on two cards, DCGM-shaped
   series for their GPUs, and vllm-triage; vllm-triage's derived series appear in
   Prometheus; fleet mode against that Prometheus gives each server its own card and
-  diagnoses both as the direct scrapes do; two shards split them;
+  diagnoses both as the direct scrapes do; two shards split them, each asking only
+  for its own buckets of a hashmod shard label;
+- recordings backfilled into a real Prometheus and imported into a real
+  VictoriaMetrics: fleet mode's signals equal the sidecar's on both, and a hung
+  data-parallel engine fires stalled at the same tick on both;
 - vllm-triage pushes into a real Alertmanager, which delivers to a local webhook
   receiver: the alert arrives with its diagnosis labels and annotations.
 """
@@ -12,16 +16,21 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from vllm_triage.assemble import build_fleet, build_rulebook
+from vllm_triage.commands.render import shard_rule
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import Settings
 from vllm_triage.core.diagnose import diagnose
@@ -31,6 +40,7 @@ from vllm_triage.core.names import SAMPLES
 from vllm_triage.core.parse import parse_snapshot
 from vllm_triage.core.totals import Window
 from vllm_triage.fleet.source import PrometheusSource, shard_of
+from vllm_triage.render.relabel import relabel as shard_relabel
 from vllm_triage.simulator import get_scenario, record
 
 from support.components import alertmanager, binary, ok, process, prometheus
@@ -65,12 +75,23 @@ def firing(states: list[Any]) -> dict[str, str | None]:
     return out
 
 
+def prometheus_hashmod(value: str, modulus: int) -> int:
+    """Prometheus' ``hashmod`` relabel action (MD5, its last 8 bytes big-endian), to pick
+    pods for a test; the real Prometheus below holds it to what it computes."""
+    return int.from_bytes(hashlib.md5(value.encode()).digest()[8:], "big") % modulus
+
+
 def pods_in_two_shards() -> tuple[str, str]:
-    """Two pod names whose servers (``llm/<pod>``) fall in different shards of two."""
-    names = [f"vllm-{i}" for i in range(20)]
-    first = next(n for n in names if shard_of(f"llm/{n}", 2) == 0)
-    second = next(n for n in names if shard_of(f"llm/{n}", 2) == 1)
-    return first, second
+    """Two pod names whose servers (``llm/<pod>``) fall in different shards of two: by
+    their shard bucket (``render relabel``'s rule, 256 buckets) and by their name's hash."""
+
+    def shard(pod: str) -> tuple[int, int]:
+        return prometheus_hashmod(f"llm/{pod}", 256) % 2, shard_of(f"llm/{pod}", 2)
+
+    names = [f"vllm-{i}" for i in range(40)]
+    return next(n for n in names if shard(n) == (0, 0)), next(
+        n for n in names if shard(n) == (1, 1)
+    )
 
 
 #: Two simulated servers on two cards: the scenario, its card in rules/gpus.yaml, the
@@ -94,6 +115,8 @@ def test_prometheus_scrapes_triage_and_fleet_mode_diagnoses_the_fleet(tmp_path: 
         for pod, (_, _, dcgm_card, dram) in zip(pods, SERVERS, strict=True)
     ]
     dcgm_body = dcgm_exposition(gpus).encode()
+    # ``render relabel``'s shard buckets on the vLLM and DCGM jobs, as a user pastes them.
+    rendered = yaml.safe_load(shard_relabel(shard_rule(load_settings(), "test")))
     with (
         simulated(get_scenario(SERVERS[0][0]), speed=SPEED) as first,
         simulated(get_scenario(SERVERS[1][0]), speed=SPEED) as second,
@@ -130,6 +153,10 @@ def test_prometheus_scrapes_triage_and_fleet_mode_diagnoses_the_fleet(tmp_path: 
                     for addr, pod in zip(vllm_targets, pods, strict=True)
                 },
                 honor_labels=("dcgm",),
+                metric_relabel={
+                    "vllm": rendered["vllm"]["metric_relabel_configs"],
+                    "dcgm": rendered["dcgm"]["metric_relabel_configs"],
+                },
             ) as prom:
                 want_sidecar = {
                     pod: scenario for pod, (scenario, *_) in zip(pods, SERVERS, strict=True)
@@ -164,20 +191,26 @@ def test_prometheus_scrapes_triage_and_fleet_mode_diagnoses_the_fleet(tmp_path: 
                     text = httpx.get(fleet.url + "/metrics", timeout=5).text
                     fleet_states = {st.name: st for st in fleet.target_states()}
                     sidecar_states = {st.name: st for st in sidecar.target_states()}
-                # Two shards of the same fleet, each its half.
-                shards = [
-                    one_tick(
+                # Two shards of the same fleet, each its half: by the hash of the server's
+                # name (each reads the whole fleet), then by its bucket (each asks only
+                # for its own buckets, DCGM's series included).
+                shards = {
+                    (buckets, k): one_tick(
                         load_settings(
                             flags={
                                 "interval_seconds": 1.0,
                                 "window_seconds": 20,
                                 "source": "prometheus",
-                                "prometheus": {**fleet_prom, "shard": {"index": k, "count": 2}},
+                                "prometheus": {
+                                    **fleet_prom,
+                                    "shard": {"index": k, "count": 2, "buckets": buckets},
+                                },
                             }
                         )
                     )
+                    for buckets in (0, 256)
                     for k in (0, 1)
-                ]
+                }
     assert 'vllm_triage_target_up{target="prometheus"} 1.0' in text
     for pod, (_, card, dcgm_card, dram) in zip(pods, SERVERS, strict=True):
         name = f"llm/{pod}"
@@ -198,20 +231,27 @@ def test_prometheus_scrapes_triage_and_fleet_mode_diagnoses_the_fleet(tmp_path: 
         assert evidence["model_source"] == "model table"
         assert "decode_roofline_ratio" in evidence
         assert f'vllm_triage_decode_roofline_ratio{{model_name="{MODEL}",target="{name}"}}' in text
-    assert [sorted(s) for s in shards] == [[f"llm/{pods[0]}"], [f"llm/{pods[1]}"]]
+    for (buckets, k), (judged, seen, cards) in shards.items():
+        assert judged == {f"llm/{pods[k]}"}, (buckets, k)
+        assert seen == (1 if buckets else 2), (buckets, k)
+        assert cards == {f"llm/{pods[k]}": f"dcgm ({SERVERS[k][2]})"}, (buckets, k)
 
 
-def one_tick(settings: Any) -> set[str]:
-    """The servers one fleet tick judges, with these settings."""
+def one_tick(settings: Any) -> tuple[set[str], int, dict[str, object]]:
+    """One fleet tick with these settings: the servers it judged, the servers its answers
+    held, and each judged server's card source."""
 
-    async def go() -> set[str]:
+    async def go() -> PrometheusSource:
         async with httpx.AsyncClient() as client:
             source = build_fleet(settings, client=client, notifier=None)
             await source.tick()
             assert source.api.state.up, source.api.state.last_error
-            return {n for n, w in source.targets.items() if w.state.view is not None}
+            return source
 
-    return asyncio.run(go())
+    source = asyncio.run(go())
+    views = {n: t.state.view for n, t in source.targets.items() if t.state.view is not None}
+    cards = {n: v.evaluation.diagnoses[MODEL].evidence["gpu_source"] for n, v in views.items()}
+    return set(views), source.seen, cards
 
 
 def test_alerts_reach_a_receiver_through_a_real_alertmanager(tmp_path: Path) -> None:
@@ -247,10 +287,9 @@ def test_alerts_reach_a_receiver_through_a_real_alertmanager(tmp_path: Path) -> 
     assert alert["annotations"]["remediation"].startswith("- ")
 
 
-def openmetrics(recordings: dict[str, list[tuple[float, str]]]) -> str:
-    """Recorded scrapes of servers ({instance: [(time, body)]}) as one OpenMetrics text
-    with timestamps, for ``promtool tsdb create-blocks-from openmetrics``: the series the
-    fleet reads, each family typed ``unknown`` (its samples keep their own names)."""
+def samples(recordings: dict[str, list[tuple[float, str]]]) -> dict[str, dict[str, list[str]]]:
+    """Recorded scrapes of servers ({instance: [(time, body)]}) as the series the fleet
+    reads: {name: {labels: ["value time", ...]}}, time in seconds."""
     series: dict[str, dict[str, list[str]]] = {}
     for instance, scrapes in recordings.items():
         for at, body in scrapes:
@@ -260,6 +299,14 @@ def openmetrics(recordings: dict[str, list[tuple[float, str]]]) -> str:
                 name, _, rest = line.partition("{")
                 labels, _, value = rest.rpartition("} ")
                 series.setdefault(name, {}).setdefault(labels, []).append(f"{value} {at:.3f}")
+    return series
+
+
+def openmetrics(recordings: dict[str, list[tuple[float, str]]]) -> str:
+    """The recordings as one OpenMetrics text with timestamps, for ``promtool tsdb
+    create-blocks-from openmetrics``: each family typed ``unknown`` (its samples keep
+    their own names)."""
+    series = samples(recordings)
     out = []
     for name in sorted(series):
         out.append(f"# TYPE {name} unknown")
@@ -268,15 +315,43 @@ def openmetrics(recordings: dict[str, list[tuple[float, str]]]) -> str:
     return "\n".join([*out, "# EOF"]) + "\n"
 
 
-def fleet_over_backfill(
-    tmp_path: Path,
-    recordings: dict[str, list[tuple[float, str]]],
-    step: float,
-    window: float,
-    at: float,
-) -> tuple[PrometheusSource, Settings]:
-    """The recordings backfilled into a real Prometheus (promtool's blocks) and fleet mode
-    judging them in one tick at ``at``: the source, and its settings."""
+def exposition_ms(recordings: dict[str, list[tuple[float, str]]]) -> str:
+    """The recordings as the Prometheus text VictoriaMetrics imports
+    (``/api/v1/import/prometheus``): each sample with its time in milliseconds."""
+    out = []
+    for name, series in samples(recordings).items():
+        for labels, points in series.items():
+            for point in points:
+                value, _, at = point.partition(" ")
+                out.append(f"{name}{{{labels}}} {value} {round(float(at) * 1000)}")
+    return "\n".join(out) + "\n"
+
+
+@contextmanager
+def backfilled(
+    tmp_path: Path, recordings: dict[str, list[tuple[float, str]]], kind: str
+) -> Iterator[str]:
+    """A real query API holding the recordings, its URL: Debian's Prometheus serving
+    promtool's blocks, or Debian's VictoriaMetrics fed them through its import API."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    if kind == "victoriametrics":
+        args = [
+            binary("victoria-metrics"),
+            f"-storageDataPath={tmp_path / 'vm-data'}",
+            f"-httpListenAddr=127.0.0.1:{port}",
+            "-retentionPeriod=100y",
+        ]
+        with process(args, tmp_path / "victoria-metrics.log"):
+            wait_for(lambda: ok(url + "/health"), timeout=30, every=0.2)
+            body = exposition_ms(recordings).encode()
+            answer = httpx.post(url + "/api/v1/import/prometheus", content=body, timeout=60)
+            assert answer.status_code == 204, answer.text
+            # Imported samples are searchable once flushed from the in-memory buffer.
+            assert httpx.get(url + "/internal/force_flush", timeout=30).status_code == 200
+            yield url
+        return
     (tmp_path / "series.om").write_text(openmetrics(recordings), encoding="utf-8")
     data = tmp_path / "prom-data"
     subprocess.run(
@@ -292,7 +367,6 @@ def fleet_over_backfill(
         capture_output=True,
         timeout=300,
     )
-    port = free_port()
     (tmp_path / "prometheus.yml").write_text("global:\n  scrape_interval: 15s\n")
     args = [
         binary("prometheus"),
@@ -301,26 +375,58 @@ def fleet_over_backfill(
         "--storage.tsdb.retention.time=10y",
         f"--web.listen-address=127.0.0.1:{port}",
     ]
-    url = f"http://127.0.0.1:{port}"
-    settings = load_settings(
+    with process(args, tmp_path / "prometheus.log"):
+        wait_for(lambda: ok(url + "/-/ready"), timeout=30, every=0.2)
+        yield url
+
+
+def ticked(
+    settings: Settings,
+    times: list[float],
+    after: Callable[[PrometheusSource, float], None] = lambda source, at: None,
+) -> PrometheusSource:
+    """Fleet mode with these settings, one tick at each of ``times`` (``after`` each)."""
+    now = [times[0]]
+
+    async def go() -> PrometheusSource:
+        async with httpx.AsyncClient() as client:
+            source = build_fleet(settings, client=client, notifier=None, clock=lambda: now[0])
+            for at in times:
+                now[0] = at
+                await source.tick()
+                assert source.api.state.up, source.api.state.last_error
+                after(source, at)
+            return source
+
+    return asyncio.run(go())
+
+
+def fleet_settings(url: str, step: float, window: float, **prometheus: Any) -> Settings:
+    return load_settings(
         flags={
             "interval_seconds": step,
             "window_seconds": window,
             "source": "prometheus",
-            "prometheus": {"url": url, "selector": '{job="vllm"}'},
+            "prometheus": {"url": url, "selector": '{job="vllm"}', **prometheus},
         }
     )
 
-    async def judged() -> PrometheusSource:
-        async with httpx.AsyncClient() as client:
-            source = build_fleet(settings, client=client, notifier=None, clock=lambda: at)
-            await source.tick()
-            return source
 
-    with process(args, tmp_path / "prometheus.log"):
-        wait_for(lambda: ok(url + "/-/ready"), timeout=30, every=0.2)
-        source = asyncio.run(judged())
-    assert source.api.state.up, source.api.state.last_error
+def fleet_over_backfill(
+    tmp_path: Path,
+    recordings: dict[str, list[tuple[float, str]]],
+    step: float,
+    window: float,
+    at: float,
+    kind: str = "prometheus",
+) -> tuple[PrometheusSource, Settings]:
+    """The recordings backfilled into a real query API (``backfilled``) and fleet mode
+    judging them in one tick at ``at`` (the backend told by its build info): the source,
+    and its settings."""
+    with backfilled(tmp_path, recordings, kind) as url:
+        settings = fleet_settings(url, step, window)
+        source = ticked(settings, [at])
+    assert source.backend is not None and source.backend.kind == kind
     return source, settings
 
 
@@ -341,10 +447,14 @@ def side_by_side(
         yield instance, w.signals(MODEL), view.evaluation
 
 
-def test_fleet_signals_equal_the_sidecars_on_a_recording(tmp_path: Path) -> None:
-    """The same recordings, windowed by the sidecar's own window and by Prometheus (the
-    fleet's PromQL over backfilled blocks): the same quantiles (and where they fell),
-    means, rates, gauges, and the same diagnosis."""
+@pytest.mark.parametrize("kind", ["prometheus", "victoriametrics"])
+def test_fleet_signals_equal_the_sidecars_on_a_recording(tmp_path: Path, kind: str) -> None:
+    """The same recordings, windowed by the sidecar's own window and by a real query API
+    (the fleet's PromQL over backfilled blocks in Prometheus, over imported samples in
+    VictoriaMetrics, told apart by their build info): the same quantiles (and where they
+    fell), means, rates, gauges, and the same diagnosis. On VictoriaMetrics only
+    because fleet mode asks it for Prometheus' increase and changes, and widens its
+    ranges, open on the left, by a millisecond."""
     step, window = 5.0, 60.0
     end = time.time() - 3600
     end -= end % step
@@ -354,7 +464,7 @@ def test_fleet_signals_equal_the_sidecars_on_a_recording(tmp_path: Path) -> None
         )
         for scenario in ("kv_pressure", "decode_bound", "prefill_bound")
     }
-    source, settings = fleet_over_backfill(tmp_path, recordings, step, window, end)
+    source, settings = fleet_over_backfill(tmp_path, recordings, step, window, end, kind)
     rules = build_rulebook(settings)
     compared: set[str] = set()
     for instance, want, fleet in side_by_side(source, settings, recordings, window):
@@ -417,8 +527,10 @@ COMPARED = (
 )
 
 
-def test_fleet_judges_each_data_parallel_engine(tmp_path: Path) -> None:
-    """Two servers of two data-parallel engines each, backfilled into a real Prometheus:
+@pytest.mark.parametrize("kind", ["prometheus", "victoriametrics"])
+def test_fleet_judges_each_data_parallel_engine(tmp_path: Path, kind: str) -> None:
+    """Two servers of two data-parallel engines each, backfilled into a real Prometheus
+    (and VictoriaMetrics):
     one whose engine 1 has hung for 160 s while engine 0 serves on (the server's merged
     counters still move), one healthy. Fleet mode's PromQL (changes() engine by engine)
     fires stalled on the first, naming engine 1, and not on the second; each engine's
@@ -438,7 +550,7 @@ def test_fleet_judges_each_data_parallel_engine(tmp_path: Path) -> None:
         )
         for server, name in files.items()
     }
-    source, settings = fleet_over_backfill(tmp_path, recordings, step, window, end)
+    source, settings = fleet_over_backfill(tmp_path, recordings, step, window, end, kind)
     for instance, want, fleet in side_by_side(source, settings, recordings, window):
         got = fleet.signals[MODEL]
         assert set(got.engine_waiting_mean) == {"0", "1"}, instance
@@ -452,3 +564,73 @@ def test_fleet_judges_each_data_parallel_engine(tmp_path: Path) -> None:
     assert list(evidence["stalled_engines"]) == ["1"], evidence
     assert evidence["engines_stalled"] == "1 of 2 engines", evidence
     assert source.targets["vllm/healthy:8000"].evaluator.incidents.active() == []
+
+
+#: dp_one_engine_hung: engine 1 hangs at the scenario's 240th second.
+HANG_AT = 240.0
+
+
+@functools.cache
+def hung_engine(step: float, lead: float) -> tuple[tuple[float, str], ...]:
+    """dp_one_engine_hung scraped every ``step`` seconds until engine 1 has hung for
+    ``lead`` seconds, on a clock starting at 0 (``shifted`` places it in time)."""
+    scenario = get_scenario(str(FIXTURES / "scenarios" / "dp_one_engine_hung.yaml"))
+    return tuple(record(scenario, start_at=0.0, interval_s=step, duration_s=HANG_AT + lead))
+
+
+def shifted(scrapes: tuple[tuple[float, str], ...], by: float) -> list[tuple[float, str]]:
+    return [(at + by, body) for at, body in scrapes]
+
+
+def first_stalled(settings: Settings, hang: float, lead: float, step: float) -> float | None:
+    """Seconds after the hang at which fleet mode's tick first fires ``stalled`` for the
+    hung server (a tick every step from the hang until ``lead`` seconds after), or None."""
+    fired: list[float] = []
+
+    def look(source: PrometheusSource, at: float) -> None:
+        target = source.targets.get("vllm/hung:8000")
+        causes = [a.cause for a in target.evaluator.incidents.active()] if target else []
+        if causes == ["stalled"] and not fired:
+            fired.append(at - hang)
+
+    ticked(settings, [hang + k * step for k in range(round(lead / step) + 1)], look)
+    return fired[0] if fired else None
+
+
+def test_a_hung_engine_is_stalled_as_soon_on_victoriametrics_as_on_prometheus(
+    tmp_path: Path,
+) -> None:
+    """The same two-engine server, engine 1 hung, in a real Prometheus (an hour ago) and
+    in a real VictoriaMetrics (until now: where its 30 s latency offset applies). Fleet
+    mode ticks every step from the hang on: on Prometheus ``stalled`` fires within the
+    stall range and a step or two; on VictoriaMetrics (told by its build info) at the
+    very same tick, although that tick is now. Read as if it were Prometheus (no
+    ``nocache``, VictoriaMetrics' own ``changes``), the same VictoriaMetrics has not
+    fired by then: it evaluates 30 s in the past and counts one change more."""
+    step, window = 5.0, 60.0
+    hour_ago = time.time() - 3600
+    hour_ago -= hour_ago % step
+    lead = 120.0
+    with backfilled(
+        tmp_path / "prom",
+        {"hung:8000": shifted(hung_engine(step, lead), hour_ago - HANG_AT - lead)},
+        "prometheus",
+    ) as url:
+        settings = fleet_settings(url, step, window, backend="prometheus")
+        on_prometheus = first_stalled(settings, hour_ago - lead, lead, step)
+    stall = max(load_settings().thresholds.stall_after_seconds, 60.0)
+    assert on_prometheus is not None and on_prometheus <= stall + 2 * step, on_prometheus
+    # VictoriaMetrics holds the recording up to now, ending the tick that fired above.
+    lead = on_prometheus
+    scrapes = hung_engine(step, lead)
+    now = time.time()
+    end = now - now % step
+    with backfilled(
+        tmp_path / "vm", {"hung:8000": shifted(scrapes, end - HANG_AT - lead)}, "victoriametrics"
+    ) as url:
+        as_itself = first_stalled(fleet_settings(url, step, window), end - lead, lead, step)
+        as_prometheus = first_stalled(
+            fleet_settings(url, step, window, backend="prometheus"), end - lead, lead, step
+        )
+    assert as_itself == on_prometheus
+    assert as_prometheus is None

@@ -1,7 +1,8 @@
-"""``vllm-triage render rules|dashboard|sidecar``: the Prometheus rules and the Grafana
-dashboard with the SLOs and thresholds of one configuration, so that Prometheus, Grafana
-and the daemon judge by the same numbers (the bundled files are what the defaults
-render); and the Kubernetes sidecar for a vLLM Deployment named once."""
+"""``vllm-triage render rules|dashboard|sidecar|relabel``: the Prometheus rules and the
+Grafana dashboard with the SLOs and thresholds of one configuration, so that Prometheus,
+Grafana and the daemon judge by the same numbers (the bundled files are what the
+defaults render); the Kubernetes sidecar for a vLLM Deployment named once; and fleet
+mode's shard rule for the scrape configuration."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported when run: `vllm-triage --help` need not load pydantic
     from vllm_triage.config.schema import Settings
+    from vllm_triage.render.relabel import ShardRule
     from vllm_triage.render.templates import Objectives
 
 DESCRIPTION = """\
@@ -29,7 +31,10 @@ vLLM Deployment NAME: configmap.yaml (the settings, in the Deployment's namespac
 patch deployment NAME`: the patch names no Deployment, so it can rename none),
 sidecar-remove.yaml (takes out exactly what the patch added) and kustomization.yaml (a
 kustomize Component, whose build fails when there is no Deployment NAME or it has no
---container). Several names: one folder each, DIR/NAME/."""
+--container). Several names: one folder each, DIR/NAME/.
+
+`relabel` writes the metric_relabel_configs that give every vLLM and DCGM series its
+shard bucket (prometheus.shard), so that each fleet-mode replica asks only for its own."""
 
 EPILOG = """\
 examples:
@@ -38,6 +43,7 @@ examples:
   vllm-triage render dashboard --config triage.yaml --output dashboards/vllm-triage.json
   vllm-triage render sidecar --deployment vllm-llama3-deployment-vllm --namespace llm \
       --config triage.yaml --output k8s/vllm-triage
+  vllm-triage render relabel --config triage.yaml   # then paste into the scrape jobs
 
 Without --config, the defaults: exactly rules/prometheus/vllm-triage.rules.yaml,
 deploy/kubernetes/prometheusrule.yaml and deploy/grafana/dashboards/vllm-triage.json;
@@ -52,7 +58,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("what", choices=("rules", "dashboard", "sidecar"), help="which file(s) to write")
+    p.add_argument(
+        "what", choices=("rules", "dashboard", "sidecar", "relabel"), help="which file(s) to write"
+    )
     p.add_argument("--config", metavar="FILE", help="YAML settings file (default: the defaults)")
     p.add_argument(
         "--output",
@@ -133,6 +141,27 @@ def objectives_of(settings: Settings, where: str) -> Objectives:
         roofline_impossible_ratio=th.roofline_impossible_ratio,
         stall_after_seconds=th.stall_after_seconds,
         open_after=settings.incident.open_after,
+        origin=where,
+    )
+
+
+def shard_rule(settings: Settings, where: str) -> ShardRule:
+    """The shard relabel rule of the settings' ``prometheus`` section (its shard label and
+    buckets, the DCGM join's two sides), or of the defaults when there is none."""
+    from vllm_triage.config.schema import DcgmSettings, ShardSettings
+    from vllm_triage.render.relabel import DEFAULT_BUCKETS, ShardRule
+
+    prom = settings.prometheus
+    shard = prom.shard if prom is not None else ShardSettings()
+    dcgm = prom.dcgm if prom is not None else DcgmSettings()
+    vllm_side, dcgm_side = tuple(dcgm.join), tuple(dcgm.join.values())
+    if prom is not None and not dcgm.enabled:
+        vllm_side = dcgm_side = tuple(prom.identity_labels)
+    return ShardRule(
+        label=shard.label,
+        buckets=shard.buckets or DEFAULT_BUCKETS,
+        vllm_labels=vllm_side,
+        dcgm_labels=dcgm_side,
         origin=where,
     )
 
@@ -242,6 +271,7 @@ def _sidecar_flags(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from vllm_triage.config.load import load_settings
+    from vllm_triage.render.relabel import relabel
     from vllm_triage.render.templates import dashboard, prometheusrule, rules
 
     if args.what == "sidecar":
@@ -249,12 +279,14 @@ def run(args: argparse.Namespace) -> int:
     sidecar_only = [f for f in ("deployment", "namespace", "image") if getattr(args, f) is not None]
     if sidecar_only:
         return _error(f"--{sidecar_only[0]} is for `render sidecar`")
-    if args.what == "dashboard" and args.format != "rules":
+    if args.what != "rules" and args.format != "rules":
         print("vllm-triage render: error: --format is for `render rules`", file=sys.stderr)
         return 2
     settings = load_settings(args.config)  # a ConfigError is reported by the CLI: exit 2
     objectives = objectives_of(settings, origin(args.config))
-    if args.what == "dashboard":
+    if args.what == "relabel":
+        text = relabel(shard_rule(settings, origin(args.config)))
+    elif args.what == "dashboard":
         text = dashboard(objectives)
     elif args.format == "prometheusrule":
         text = prometheusrule(objectives)

@@ -214,13 +214,26 @@ def _resolve_config_json(section: Mapping[str, Any], folder: Path) -> dict[str, 
     return dict(section)
 
 
+def _beside(section: Mapping[str, Any], keys: tuple[str, ...], folder: Path) -> dict[str, Any]:
+    """``section`` with each of ``keys`` that is a relative path made relative to ``folder``."""
+    out = dict(section)
+    for key in keys:
+        value = out.get(key)
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            out[key] = str(folder / value)
+    return out
+
+
 def _resolve_fleet_config_json(user: Mapping[str, Any], folder: Path) -> dict[str, Any]:
-    """``user`` with the relative ``config_json`` of fleet mode's rules and model table
-    made relative to ``folder``, as the top-level one is."""
+    """``user`` with the relative ``config_json`` of fleet mode's rules and model table,
+    and its token and TLS files, made relative to ``folder``, as the top-level one is."""
     prom = user.get("prometheus")
     if not isinstance(prom, Mapping):
         return dict(user)
-    prom = dict(prom)
+    prom = _beside(prom, ("bearer_token_file",), folder)
+    tls = prom.get("tls")
+    if isinstance(tls, Mapping):
+        prom["tls"] = _beside(tls, ("ca_file", "cert_file", "key_file"), folder)
     rules = prom.get("servers")
     if isinstance(rules, list):
         prom["servers"] = [

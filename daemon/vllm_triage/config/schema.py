@@ -310,18 +310,55 @@ def _matchers(text: str) -> str:
 
 
 class ShardSettings(BaseModel):
-    """This replica's share of the fleet: the servers whose stable hash of their name, modulo
-    ``count``, is ``index`` (``daemon/vllm_triage/fleet/source.py``). Replicas with the same count
-    and the indexes 0 .. count-1 diagnose every server exactly once."""
+    """This replica's share of the fleet (``docs/deploy.md``, "Shards").
+
+    With ``buckets`` 0 (the default) every replica reads the whole fleet and keeps the
+    servers whose stable hash of their name, modulo ``count``, is ``index``. With
+    ``buckets`` set, the scrape configuration gives every series a bucket in ``label``
+    (Prometheus' ``hashmod`` over the pod, ``vllm-triage render relabel``), and each
+    replica asks the query API only for the buckets ``b`` with ``b % count == index``,
+    in pieces; series without the label are still divided by the hash of their name.
+    Replicas with the same count and the indexes 0 .. count-1 diagnose every server once.
+    """
 
     model_config = _FROZEN
     index: int = Field(default=0, ge=0)
     count: int = Field(default=1, ge=1)
+    #: The relabel rule's modulus (0: no server-side sharding). Only ``render relabel``
+    #: writes it; which buckets are this replica's is read from the label's values.
+    buckets: int = Field(default=0, ge=0, le=65536)
+    label: LabelName = "vllm_triage_shard"
 
     @model_validator(mode="after")
     def _in_range(self) -> ShardSettings:
         if self.index >= self.count:
             raise ValueError(f"index {self.index} must be below count {self.count}")
+        if self.buckets and self.count > self.buckets:
+            raise ValueError(
+                f"count {self.count} is above buckets {self.buckets}: some replicas would "
+                "own no bucket (raise buckets, and the relabel rule's modulus with it)"
+            )
+        return self
+
+
+class TlsSettings(BaseModel):
+    """How the daemon checks the query API's certificate, and the one it shows.
+
+    ``ca_file``: the CAs trusted instead of the system's; ``cert_file`` (and ``key_file``,
+    unless the certificate file holds the key): a client certificate, for an API behind
+    mutual TLS; ``insecure_skip_verify``: no check at all (a test setup; never in
+    production)."""
+
+    model_config = _FROZEN
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    insecure_skip_verify: bool = False
+
+    @model_validator(mode="after")
+    def _key_with_cert(self) -> TlsSettings:
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError("key_file needs its cert_file (the client certificate)")
         return self
 
 
@@ -357,18 +394,37 @@ class ServerRule(BaseModel):
     model: ModelSettings | None = None
 
 
+#: The query APIs fleet mode knows how to read (``docs/deploy.md``, "Backends").
+Backend = Literal["auto", "prometheus", "victoriametrics", "thanos", "mimir"]
+#: Mimir's (and Cortex's) tenant header.
+TENANT_HEADER = "X-Scope-OrgID"
+
+
 class PrometheusSourceSettings(HttpAuth):
     """Fleet mode: where to read vLLM's series from, instead of scraping each server.
 
-    Any Prometheus-compatible query API (Prometheus, Thanos, Mimir, VictoriaMetrics).
-    ``selector`` narrows the series (PromQL label matchers, e.g. ``{namespace="llm"}``);
-    each distinct combination of ``identity_labels`` is one server (a target). Each
-    server's hardware and model: the first of ``servers`` whose ``match`` it meets, then
-    what DCGM says (``dcgm``), then ``models`` by its ``model_name``, then the top-level
-    ``hardware`` and ``model``.
+    Any Prometheus-compatible query API (Prometheus, Thanos, Mimir, VictoriaMetrics;
+    ``backend`` says which, or ``auto`` asks it). ``selector`` narrows the series (PromQL
+    label matchers, e.g. ``{namespace="llm"}``); each distinct combination of
+    ``identity_labels`` is one server (a target). Each server's hardware and model: the
+    first of ``servers`` whose ``match`` it meets, then what DCGM says (``dcgm``), then
+    ``models`` by its ``model_name``, then the top-level ``hardware`` and ``model``.
     """
 
     url: HttpUrl = Field(repr=False)
+    #: ``auto``: asked once (``/api/v1/status/buildinfo``): VictoriaMetrics and Mimir say
+    #: who they are; anything else is read as Prometheus (Thanos cannot be told apart:
+    #: name it to have its partial answers refused and its replicas deduplicated).
+    backend: Backend = "auto"
+    #: The tenant, sent as ``X-Scope-OrgID`` (Mimir, Cortex; ``a|b`` federates tenants).
+    tenant: str | None = Field(
+        default=None, min_length=1, max_length=1024, pattern=r"^[A-Za-z0-9!._*'()|-]+$"
+    )
+    #: Thanos: the labels that tell an HA pair's replicas apart (sent with ``dedup``).
+    replica_labels: list[LabelName] = Field(default_factory=list)
+    #: A bearer token read from this file before each tick (a rotated Kubernetes token).
+    bearer_token_file: Path | None = None
+    tls: TlsSettings = TlsSettings()
     selector: Selector = ""
     identity_labels: list[LabelName] = Field(default=["job", "instance"], min_length=1)
     timeout_seconds: Duration = 10
@@ -377,8 +433,43 @@ class PrometheusSourceSettings(HttpAuth):
     servers: list[ServerRule] = Field(default_factory=list)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
     #: Servers judged at most per replica; the rest are counted and logged once. About
-    #: 100 KB of memory each (docs/benchmarks.md): 2,000 fit the StatefulSet's 256 MiB.
+    #: 55 KB of memory and 1 ms of CPU a tick each (docs/benchmarks.md): 2,000 fit the
+    #: StatefulSet's 256 MiB; raise both together.
     max_servers: int = Field(default=2000, ge=1)
+    #: A tick whose answers hold fewer rows than this share of the last judged tick's is
+    #: read as data missing ("cannot tell": nothing judged) until the lower count has held
+    #: ``series_drop_ticks`` ticks in a row; that tick is judged and is the new baseline.
+    series_drop_ratio: float = Field(default=0.5, gt=0, lt=1)
+    series_drop_ticks: int = Field(default=3, ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> PrometheusSourceSettings:
+        given = [
+            k
+            for k, v in (
+                ("bearer_token", self.bearer_token),
+                ("bearer_token_file", self.bearer_token_file),
+                ("basic_auth", self.basic_auth),
+            )
+            if v is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(f"give one of {', '.join(given)}, not both")
+        header = any(k.lower() == TENANT_HEADER.lower() for k in self.headers)
+        if self.tenant is not None and header:
+            raise ValueError(f"give tenant or a {TENANT_HEADER} header, not both")
+        if self.backend == "mimir" and self.tenant is None and not header:
+            raise ValueError(
+                f"backend mimir needs a tenant on every request: set prometheus.tenant "
+                f'(sent as the {TENANT_HEADER} header; Mimir answers 401 "no org id" '
+                "without it)"
+            )
+        if self.replica_labels and self.backend != "thanos":
+            raise ValueError(
+                f"replica_labels is Thanos' deduplication: set backend: thanos (backend "
+                f"{self.backend} does not take it; deduplicate at ingestion there)"
+            )
+        return self
 
 
 ReceiverType = Literal["alertmanager_webhook", "alertmanager", "slack"]

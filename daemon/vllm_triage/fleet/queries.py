@@ -96,18 +96,19 @@ class FleetQuery:
 
 
 #: (key, the gauge's field, PromQL from the server-and-model instant vector ``v``, the
-#: window ``w`` and the step ``r``). ``v`` is summed over a server's data-parallel
-#: engines (running, waiting) or averaged (KV usage), as the parser merges them.
-GaugeRow = tuple[str, str, Callable[[str, str, str], str]]
+#: window's range ``w``, the step ``r`` and the window's length ``o`` as an offset).
+#: ``v`` is summed over a server's data-parallel engines (running, waiting) or averaged
+#: (KV usage), as the parser merges them.
+GaugeRow = tuple[str, str, Callable[[str, str, str, str], str]]
 GAUGES: tuple[GaugeRow, ...] = (
-    ("running_max", "running", lambda v, w, r: f"max_over_time(({v})[{w}:{r}])"),
-    ("waiting_max", "waiting", lambda v, w, r: f"max_over_time(({v})[{w}:{r}])"),
-    ("waiting_min", "waiting", lambda v, w, r: f"min_over_time(({v})[{w}:{r}])"),
-    ("running_busy_mean", "running", lambda v, w, r: f"avg_over_time((({v}) > 0)[{w}:{r}])"),
+    ("running_max", "running", lambda v, w, r, o: f"max_over_time(({v})[{w}:{r}])"),
+    ("waiting_max", "waiting", lambda v, w, r, o: f"max_over_time(({v})[{w}:{r}])"),
+    ("waiting_min", "waiting", lambda v, w, r, o: f"min_over_time(({v})[{w}:{r}])"),
+    ("running_busy_mean", "running", lambda v, w, r, o: f"avg_over_time((({v}) > 0)[{w}:{r}])"),
     # The queue at the window's start and end: its growth counts among the arrivals
     # (the load ratio, ``core.predict``).
-    ("waiting_first", "waiting", lambda v, w, r: f"last_over_time(({v})[{r}:{r}] offset {w})"),
-    ("waiting_last", "waiting", lambda v, w, r: v),
+    ("waiting_first", "waiting", lambda v, w, r, o: f"last_over_time(({v})[{r}:{r}] offset {o})"),
+    ("waiting_last", "waiting", lambda v, w, r, o: v),
 )
 #: (key, field, aggregation over engines, function over the window's raw samples).
 OVER_TIME = (
@@ -137,26 +138,45 @@ class QueryPlan:
     #: step-driven series is stalled: at least a minute, so that it holds several scrapes
     #: of Prometheus' own (``stall_window``).
     stall_seconds: float = 60.0
+    #: The functions with Prometheus' semantics on this backend (``fleet.backend``), and
+    #: what its ranges need added to hold a sample exactly a range old, as Prometheus 2's
+    #: and the sidecar's windows do (VictoriaMetrics' ranges are open on the left).
+    increase: str = "increase"
+    changes: str = "changes"
+    range_pad_seconds: float = 0.0
+    #: The shard label, read per server when server-side sharding is on
+    #: (``fleet.pieces``): how many servers each bucket holds sizes the next pieces.
+    shard_label: str | None = None
 
     @property
     def by(self) -> str:
         return ", ".join(dict.fromkeys((*self.identity, "model_name")))
 
-    def queries(self, present: frozenset[str] | None = None) -> list[FleetQuery]:
+    def queries(
+        self, present: frozenset[str] | None = None, piece: str = "", *, vllm: bool = True
+    ) -> list[FleetQuery]:
         """Every query of a tick. ``present``: the names the fleet exposes (``None``:
         not known, so every naming is asked for); a field none of whose names is
-        present is not asked for at all."""
-        return _Builder(self, present).queries()
+        present is not asked for at all. ``piece``: a matcher added to every selector
+        (``fleet.pieces``); ``vllm`` False asks DCGM's queries only."""
+        return _Builder(self, present, piece).queries(vllm=vllm)
+
+
+def _joined(*matchers: str) -> str:
+    return ", ".join(m for m in matchers if m)
 
 
 class _Builder:
-    def __init__(self, plan: QueryPlan, present: frozenset[str] | None) -> None:
+    def __init__(self, plan: QueryPlan, present: frozenset[str] | None, piece: str) -> None:
         self.plan = plan
         self.present = present
-        self.matchers = inner(plan.selector)
+        self.piece = piece
+        self.matchers = _joined(inner(plan.selector), piece)
+        self.inc = plan.increase
         self.by = plan.by
-        self.w = duration(plan.window_seconds)
+        self.w = duration(plan.window_seconds + plan.range_pad_seconds)
         self.r = duration(plan.step_seconds)
+        self.o = duration(plan.window_seconds)
 
     def _names(self, field: str, kind: str) -> list[str]:
         return [n for n in names(field, kind) if self.present is None or n in self.present]
@@ -171,25 +191,37 @@ class _Builder:
             return exprs[0]
         return f" or on ({on or self.by}) ".join(f"({e})" for e in exprs)
 
-    def queries(self) -> list[FleetQuery]:
+    def queries(self, *, vllm: bool = True) -> list[FleetQuery]:
         out: list[FleetQuery | None] = []
-        by, w = self.by, self.w
-        for field in BUCKET_FIELDS:
-            expr = self._each(field, "bucket", f"sum by ({by}, le) (increase({{s}}[{w}]))")
-            out.append(self._query(f"{field}_bucket", expr))
-        for field in HISTOGRAM_FIELDS:
-            for part in ("sum", "count"):
-                expr = self._each(field, part, f"sum by ({by}) (increase({{s}}[{w}]))")
-                out.append(self._query(f"{field}_{part}", expr))
-        for field in COUNTERS:
-            expr = self._each(field, "counter", f"sum by ({by}) (increase({{s}}[{w}]))")
-            out.append(self._query(field, expr))
-        out += self._gauges()
-        out += self._progress()
-        out += self._balance()
-        out.append(self._pool())
+        if vllm:
+            by, w, inc = self.by, self.w, self.inc
+            for field in BUCKET_FIELDS:
+                expr = self._each(field, "bucket", f"sum by ({by}, le) ({inc}({{s}}[{w}]))")
+                out.append(self._query(f"{field}_bucket", expr))
+            for field in HISTOGRAM_FIELDS:
+                for part in ("sum", "count"):
+                    expr = self._each(field, part, f"sum by ({by}) ({inc}({{s}}[{w}]))")
+                    out.append(self._query(f"{field}_{part}", expr))
+            for field in COUNTERS:
+                expr = self._each(field, "counter", f"sum by ({by}) ({inc}({{s}}[{w}]))")
+                out.append(self._query(field, expr))
+            out += self._gauges()
+            out.append(self._copies())
+            out += self._progress()
+            out += self._balance()
+            out.append(self._pool())
         out += self._dcgm()
         return [q for q in out if q is not None]
+
+    def _copies(self) -> FleetQuery | None:
+        """Per server and model, the most series any one engine has now: 1, unless the
+        answers hold the same server twice (an HA pair not deduplicated, two scrape jobs
+        on one pod), which doubles every sum: that server cannot be judged from them."""
+        by = self.by
+        each = self._each(
+            "running", "gauge", f"count by ({by}, engine) ({{s}})", on=f"{by}, engine"
+        )
+        return self._query("copies", None if each is None else f"max by ({by}) ({each})")
 
     @staticmethod
     def _query(key: str, expr: str | None) -> FleetQuery | None:
@@ -204,7 +236,7 @@ class _Builder:
         running = self._each("running", "gauge", f"sum by ({by}) ({{s}})")
         for key, field, expr in GAUGES:
             v = self._each(field, "gauge", f"sum by ({by}) ({{s}})")
-            out.append(self._query(key, None if v is None else expr(v, w, r)))
+            out.append(self._query(key, None if v is None else expr(v, w, r, self.o)))
         kv = self._each("kv_usage", "gauge", f"avg by ({by}) ({{s}})")
         if kv is not None and running is not None:
             # Weighted by the requests running, as the sidecar's window weighs it.
@@ -214,8 +246,9 @@ class _Builder:
             )
             out.append(FleetQuery("kv_usage_busy_mean", busy))
         # Engines, and the labels the hardware rules and the DCGM join read.
+        shard = (self.plan.shard_label,) if self.plan.shard_label else ()
         labels = ", ".join(
-            dict.fromkeys((*self.plan.identity, "model_name", *self.plan.server_labels))
+            dict.fromkeys((*self.plan.identity, "model_name", *self.plan.server_labels, *shard))
         )
         engines = self._each(
             "running", "gauge", f"count by ({labels}) (last_over_time({{s}}[{w}]))"
@@ -229,9 +262,10 @@ class _Builder:
         range, the fewest requests it had outstanding then, and whether it is awake
         (vLLM's sleep mode). The merged series move while any one engine steps, so a hung
         engine among several shows only here."""
-        by, s = f"{self.by}, engine", duration(self.plan.stall_seconds)
+        by = f"{self.by}, engine"
+        s = duration(self.plan.stall_seconds + self.plan.range_pad_seconds)
         moved = [
-            self._each(field, kind, f"sum by ({by}) (changes({{s}}[{s}]))", on=by)
+            self._each(field, kind, f"sum by ({by}) ({self.plan.changes}({{s}}[{s}]))", on=by)
             for field, kind in (
                 ("generation_tokens", "counter"),
                 ("prompt_tokens", "counter"),
@@ -287,7 +321,7 @@ class _Builder:
         plan = self.plan
         if plan.dcgm_selector is None:
             return ()
-        matchers = inner(plan.dcgm_selector)
+        matchers = _joined(inner(plan.dcgm_selector), self.piece)
         join = ", ".join(plan.dcgm_join)
         gpus = _selector(plan.dcgm_gpu_metric, matchers)
         dram = _selector(plan.dcgm_dram_metric, matchers)

@@ -59,6 +59,12 @@ class Server:
 
     name: str
     labels: dict[str, str]
+    #: The piece of the tick its rows came in (``fleet.pieces``); ``split`` when they came
+    #: in two (a server whose series changed bucket inside the window).
+    piece: int = -1
+    split: bool = False
+    #: The most series one of its engines has: above 1, its answers hold it twice.
+    copies: int = 1
     models: dict[str, _Model] = field(default_factory=dict)
     pool: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: Each engine's ``cache_config_info`` labels, as the parser reads them.
@@ -96,66 +102,87 @@ class Fleet:
     #: Servers by the values of their identity labels (each name is built once).
     by_ident: dict[tuple[str | None, ...], Server] = field(default_factory=dict, repr=False)
 
-    def _server(self, labels: Mapping[str, str]) -> Server:
-        ident = tuple(map(labels.get, self.identity))  # None for a missing label
-        server = self.by_ident.get(ident)
+    def _server(self, labels: Any, piece: int) -> Server | None:
+        """The server a row's labels name; None when they are not a label set of strings
+        (checked once per server and tick: its later rows are found by their identity)."""
+        try:
+            ident = tuple(map(labels.get, self.identity))  # None for a missing label
+            server = self.by_ident.get(ident)
+        except (AttributeError, TypeError):  # not a dict, or a label value unhashable
+            return None
         if server is None:
+            if not _strings(labels):
+                return None
             name = self.name_of(labels)
             server = self.servers.get(name)
             if server is None:
                 own = {k: labels.get(k, "") for k in self.identity}
-                server = self.servers[name] = Server(name, own)
+                server = self.servers[name] = Server(name, own, piece)
             self.by_ident[ident] = server
+        if server.piece != piece:
+            server.split = True
         return server
 
-    def read(self, key: str, rows: Iterable[Row], dcgm_join: tuple[str, ...] = ()) -> None:
-        """Take in the rows (``data.result``) of the instant query for ``key``.
+    def read(
+        self, key: str, rows: Iterable[Row], dcgm_join: tuple[str, ...] = (), piece: int = -1
+    ) -> None:
+        """Take in the rows (``data.result``) of the instant query for ``key``, asked in
+        ``piece`` (``fleet.pieces``).
 
         The hot loop of a tick (rows = servers x signals): the kind of row is decided
-        once per query, not per row."""
+        once per query, not per row, and a row's labels are checked where they are read
+        (a proxy or middleware can send anything: a row whose labels are not strings is
+        unusable, counted, never an error that stops the tick)."""
+        if key.startswith("dcgm_"):
+            self._read_dcgm(key, rows, dcgm_join)
+            return
         bucket = key.removesuffix("_bucket") if key.endswith("_bucket") else None
+        engine_key = key.startswith("engine_")
+        # Rows whose every label is kept (the pool's settings, the rules' labels).
+        kept = key in ("pool", "engines")
         for row in rows:
             self.rows += 1
-            metric = row.get("metric") if isinstance(row, dict) else None
-            # A proxy or middleware can send anything: labels that are not strings make
-            # the row unusable (counted), never an error that stops the tick.
-            if not isinstance(metric, dict) or not all(
-                type(k) is str and type(v) is str for k, v in metric.items()
-            ):
+            metric, raw = _parts(row)
+            server = self._server(metric, piece)
+            if server is None:
                 self.unusable += 1
                 continue
-            try:
-                value: float | None = float(row["value"][1])
-            except (KeyError, IndexError, TypeError, ValueError):
-                value = None
-            if value is not None and not math.isfinite(value):
-                value = None
-            if key.startswith("dcgm_"):
-                self._dcgm(key, metric, value, dcgm_join)
-                continue
-            server = self._server(metric)
+            value = _finite(raw)
             if value is None:
-                server.problems.append(f"{key}: not a finite number ({_shown(row.get('value'))})")
+                server.problems.append(f"{key}: not a finite number ({_shown(raw)})")
                 continue
-            if key == "pool":
-                self._pool(server, metric)
+            if kept:
+                if not _strings(metric):
+                    self.unusable += 1
+                    continue
+                if key == "pool":
+                    self._pool(server, metric)
+                    continue
+            if key == "copies":
+                server.copies = max(server.copies, int(value))
                 continue
             name = metric.get("model_name", "")
             model = server.models.get(name)
             if model is None:
+                if type(name) is not str:
+                    self.unusable += 1
+                    continue
                 model = server.models[name] = _Model()
             if bucket is not None:
                 try:
                     le = float(metric["le"])
-                except (KeyError, ValueError):
+                except (KeyError, ValueError, TypeError):
                     server.problems.append(f"{key}: a bucket without a numeric le; left out")
                     continue
                 found = model.buckets.get(bucket)
                 if found is None:
                     found = model.buckets[bucket] = []
                 found.append((le, value))
-            elif key.startswith("engine_"):
+            elif engine_key:
                 engine = metric.get("engine", "")
+                if type(engine) is not str:
+                    self.unusable += 1
+                    continue
                 found_engine = model.by_engine.get(engine)
                 if found_engine is None and len(model.by_engine) < MAX_ENGINES:
                     found_engine = model.by_engine[engine] = {}
@@ -168,6 +195,15 @@ class Fleet:
                         server.labels.setdefault(k, v)
             else:
                 model.values[key] = value
+
+    def _read_dcgm(self, key: str, rows: Iterable[Row], join: tuple[str, ...]) -> None:
+        for row in rows:
+            self.rows += 1
+            metric, raw = _parts(row)
+            if not _strings(metric):
+                self.unusable += 1
+                continue
+            self._dcgm(key, metric, _finite(raw), join)
 
     def _pool(self, server: Server, metric: Mapping[str, str]) -> None:
         engine = metric.get(POOL_LABELS[0], "")
@@ -195,6 +231,31 @@ class Fleet:
             cards[card] = cards.get(card, 0) + int(value)
         elif key == "dcgm_dram":
             self.dcgm_dram[pod] = value
+
+
+def _parts(row: Any) -> tuple[Any, Any]:
+    """A row's labels and value as a peer sent them: anything at all until checked
+    (None, None for what is not a row)."""
+    try:
+        return row["metric"], row["value"]
+    except (TypeError, KeyError, IndexError):
+        return None, None
+
+
+def _strings(labels: Any) -> bool:
+    """Whether ``labels`` is a label set: a dict of strings to strings."""
+    return isinstance(labels, dict) and all(
+        type(k) is str and type(v) is str for k, v in labels.items()
+    )
+
+
+def _finite(raw: Any) -> float | None:
+    """An instant vector's ``[time, "value"]`` as a finite number, or None."""
+    try:
+        value = float(raw[1])
+    except (IndexError, TypeError, ValueError, KeyError):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _histogram(name: str, m: _Model, problems: list[str], *, buckets: bool) -> Histogram | None:

@@ -29,29 +29,31 @@ bounded by ``timeout_seconds``; the JSON is decoded on a worker thread.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import hashlib
-import json
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import structlog
 
-from vllm_triage.config.schema import PrometheusSourceSettings
+from vllm_triage.config.schema import TENANT_HEADER, PrometheusSourceSettings
 from vllm_triage.core.names import label_value
 from vllm_triage.core.signals import signals_from_totals
 from vllm_triage.errors import ScrapeError
+from vllm_triage.fleet.answers import Reading, label_values, query_answer
+from vllm_triage.fleet.backend import BUILDINFO, Backend, backend, detect
+from vllm_triage.fleet.completeness import REASONS, SeriesDrop
+from vllm_triage.fleet.cycles import paused, settle
 from vllm_triage.fleet.hardware import Card, HardwareResolver
-from vllm_triage.fleet.queries import NAMES_REGEX, FleetQuery, QueryPlan, inner
+from vllm_triage.fleet.pieces import PIECE_SERVERS, UNLABELLED, Piece, owned, plan, unlabelled
+from vllm_triage.fleet.queries import NAMES_REGEX, FleetQuery, QueryPlan, inner, names
 from vllm_triage.fleet.signals import Fleet, Server, totals
 from vllm_triage.logs import Chorus, Throttle
 from vllm_triage.net.bounded import request
-from vllm_triage.net.redact import safe_url
+from vllm_triage.net.redact import quoted, safe_url
 from vllm_triage.notify.notifier import Notifier
 from vllm_triage.state import TargetState
 from vllm_triage.store import StateStore
@@ -63,6 +65,20 @@ _NAME_OK = re.compile(r"[^A-Za-z0-9_.:/@-]+")
 #: Queries of one tick in flight at once (Prometheus runs 20 at a time by default,
 #: ``--query.max-concurrency``, for every user together).
 CONCURRENT_QUERIES = 6
+#: How much of a refusal's body is kept for its message (a query API says why there).
+ERROR_BYTES = 1024
+
+
+def _form(pairs: Sequence[tuple[str, str]]) -> dict[str, str | list[str]]:
+    """Form fields as httpx takes them: a name given twice (``replicaLabels[]``) a list."""
+    out: dict[str, str | list[str]] = {}
+    for key, value in pairs:
+        held = out.get(key)
+        if held is None:
+            out[key] = value
+        else:
+            out[key] = [*([held] if isinstance(held, str) else held), value]
+    return out
 
 
 def target_name(labels: Mapping[str, str], identity: Iterable[str]) -> str:
@@ -71,22 +87,6 @@ def target_name(labels: Mapping[str, str], identity: Iterable[str]) -> str:
     name = "/".join(p for p in parts if p) or "unlabelled"
     name = _NAME_OK.sub("_", name)
     return label_value(name if name[0].isalnum() else "t" + name)
-
-
-@contextlib.contextmanager
-def cyclic_gc_paused() -> Iterator[None]:
-    """Python's cycle collector off for a stretch that allocates a great many objects
-    without a cycle (JSON rows, signals, diagnoses): reference counting frees them all
-    the same. Left on, the collector scanned every live object of the fleet several
-    times per tick, 40 % of a tick's CPU at 2,000 servers and growing with the square of
-    the fleet (bench/bench_fleet.py). No await happens inside."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def shard_of(name: str, count: int) -> int:
@@ -111,10 +111,32 @@ class FleetParts:
     new_target: Callable[[str, Mapping[str, str], Chorus], Target]
     #: The query API's own health, reported like a target's (named ``prometheus``).
     api: Health
-    #: Every query's headers: JSON, one layer of gzip, the API's credentials.
+    #: Every query's headers: JSON, one layer of gzip, the API's credentials and tenant.
     headers: Mapping[str, str]
     #: The range over which an engine must show no change to be stalled (``QueryPlan``).
     stall_seconds: float = 60.0
+
+
+@dataclass(slots=True)
+class _Tick:
+    """What one tick read besides the rows: which pieces' answers may miss data."""
+
+    #: Piece index -> why its answers may be missing data; ``everything``: an index
+    #: call's answer was partial, so any server may be missing.
+    partial: dict[int, str] = field(default_factory=dict)
+    everything: str | None = None
+    answers: int = 0
+    partial_answers: int = 0
+    #: The largest answer's bytes, and the servers of its piece.
+    largest: tuple[int, int] = (0, 0)
+    notes: set[str] = field(default_factory=set)
+
+    def took(self, piece: Piece, reading: Reading) -> None:
+        self.answers += 1
+        if reading.partial is not None:
+            self.partial_answers += 1
+            self.partial.setdefault(piece.index, reading.partial)
+        self.notes.update(n[:200] for n in reading.notes[:3])
 
 
 class PrometheusSource:
@@ -128,6 +150,7 @@ class PrometheusSource:
         notifier: Notifier | None,
         clock: Callable[[], float] = time.time,
         store: StateStore | None = None,
+        own_client: bool = False,
     ) -> None:
         self.parts = parts
         self.source: PrometheusSourceSettings = parts.source
@@ -136,44 +159,80 @@ class PrometheusSource:
         self.hardware = parts.hardware
         self.api = parts.api
         src = self.source
-        dcgm = src.dcgm
-        self.plan = QueryPlan(
-            selector=src.selector,
-            identity=tuple(src.identity_labels),
-            window_seconds=parts.window_seconds,
-            step_seconds=parts.step_seconds,
-            server_labels=tuple(dict.fromkeys((*dcgm.join, *self.hardware.labels))),
-            dcgm_selector=dcgm.selector if dcgm.enabled else None,
-            dcgm_join=tuple(dcgm.join.values()),
-            dcgm_gpu_metric=dcgm.gpu_metric,
-            dcgm_dram_metric=dcgm.dram_metric,
-            stall_seconds=parts.stall_seconds,
-        )
+        #: The query API's kind, once known (``auto``: after the first build-info probe).
+        self.backend: Backend | None = None
+        if src.backend != "auto":
+            self.backend = backend(src.backend, replica_labels=tuple(src.replica_labels))
+        self.plan = self._plan()
         #: The names the fleet exposed at the last tick, and the queries asking for them.
         self.present: frozenset[str] | None = None
         self.queries: list[FleetQuery] = self.plan.queries()
+        #: The last tick's pieces (``fleet.pieces``), and its queries with their piece.
+        self.pieces: list[Piece] = [Piece(UNLABELLED)]
+        self.work: list[tuple[Piece, FleetQuery]] = []
         #: Servers in the last answers (all of them, and this shard's), rows and bytes.
         self.seen = self.owned = 0
         self.last_rows = self.last_bytes = 0
+        #: Servers per shard bucket at the last tick, and servers a piece may hold.
+        self.bucket_sizes: dict[int, int] = {}
+        self.per_piece = PIECE_SERVERS
+        self.drop = SeriesDrop(src.series_drop_ratio, src.series_drop_ticks)
         self._client = client
+        self._own_client = own_client
         self._notifier = notifier
         self._clock = clock
         self._store = store
         self._headers = dict(parts.headers)
         self._last: float | None = None
+        self._ticks = 0
         self._said_left_out = False
         # Rows a proxy mangled arrive every tick: said once a minute, counted always.
         self._unusable = Throttle()
         # What the servers would each log in a tick (discovered, failing alike), said as
         # one line per event: 2,000 servers made 6,000 lines on the first tick.
         self._chorus = Chorus()
-        self._release_foreign()
+        self._incomplete = Throttle()
+        self._odd_buckets = Throttle()
+        self.api.state.cannot_tell = dict.fromkeys(REASONS, 0)
+        # Restored incidents of servers now another replica's: let go at start when
+        # ownership is the name's hash; with server-side sharding a server's bucket is
+        # known only from its series, so after the first whole tick.
+        self._released = src.shard.count == 1
+        if src.shard.buckets == 0:
+            self._release(lambda name: not self.owns(name))
+            self._released = True
+
+    def _plan(self) -> QueryPlan:
+        src, dcgm = self.source, self.source.dcgm
+        known = self.backend or backend("prometheus")
+        return QueryPlan(
+            selector=src.selector,
+            identity=tuple(src.identity_labels),
+            window_seconds=self.parts.window_seconds,
+            step_seconds=self.parts.step_seconds,
+            server_labels=tuple(dict.fromkeys((*dcgm.join, *self.hardware.labels))),
+            dcgm_selector=dcgm.selector if dcgm.enabled else None,
+            dcgm_join=tuple(dcgm.join.values()),
+            dcgm_gpu_metric=dcgm.gpu_metric,
+            dcgm_dram_metric=dcgm.dram_metric,
+            stall_seconds=self.parts.stall_seconds,
+            increase=known.increase,
+            changes=known.changes,
+            range_pad_seconds=known.range_pad_seconds,
+            shard_label=src.shard.label if src.shard.buckets else None,
+        )
+
+    async def close(self) -> None:
+        """Close the query API's client, when it is this source's own (its TLS)."""
+        if self._own_client:
+            await self._client.aclose()
 
     def owns(self, name: str) -> bool:
+        """Whether a server without the shard label is this replica's (its name's hash)."""
         shard = self.source.shard
         return shard.count == 1 or shard_of(name, shard.count) == shard.index
 
-    def _release_foreign(self) -> None:
+    def _release(self, foreign_if: Callable[[str], bool]) -> None:
         """Restored incidents of servers that are now another shard's (the replica count
         changed): that replica diagnoses them now, so this one resolves its alerts for
         them and forgets them, as for a target no longer configured."""
@@ -183,7 +242,8 @@ class PrometheusSource:
         alerted: set[str] = set()
         if notifier is not None:
             alerted = {a.labels.get("target", "") for a in notifier.active.values()}
-        foreign = {n for n in set(store.restored.incidents) | alerted if n and not self.owns(n)}
+        candidates = (set(store.restored.incidents) | alerted) - set(self.targets)
+        foreign = {n for n in candidates if n and foreign_if(n)}
         if not foreign:
             return
         with store.batch():
@@ -207,42 +267,51 @@ class PrometheusSource:
             self._chorus.info("fleet_target_discovered", target=name)
         return target
 
-    async def exposed(self, at: float) -> frozenset[str] | None:
+    def _url(self, path: str) -> str:
+        return f"{self.source.url.rstrip('/')}{path}"
+
+    @property
+    def _params(self) -> tuple[tuple[str, str], ...]:
+        return self.backend.params if self.backend is not None else ()
+
+    async def exposed(self, at: float, piece: str = "") -> tuple[frozenset[str] | None, str | None]:
         """The names of the series the queries read that the fleet exposed in the
-        window (the label values API: the index alone, no samples); ``None`` when the
-        API cannot say, and every naming is asked for."""
-        url = f"{self.source.url.rstrip('/')}/api/v1/label/__name__/values"
+        window (the label values API: the index alone, no samples), and whether that
+        answer was partial; ``None`` when the API cannot say, and every naming is asked
+        for. ``piece``: a matcher added to the selector."""
         matchers = ", ".join(
-            m for m in (f'__name__=~"{NAMES_REGEX}"', inner(self.source.selector)) if m
+            m for m in (f'__name__=~"{NAMES_REGEX}"', inner(self.source.selector), piece) if m
         )
-        params = {
-            "match[]": "{" + matchers + "}",
-            "start": f"{at - self.parts.window_seconds:.3f}",
-            "end": f"{at:.3f}",
-        }
         try:
-            body = await self._bounded("GET", url, params=params)
-            doc = json.loads(body)
-            found = doc["data"] if isinstance(doc, dict) else None
-        except (ScrapeError, ValueError, KeyError, TypeError, RecursionError):
-            found = None
-        if not isinstance(found, list):
-            return None
-        return frozenset(n for n in found if isinstance(n, str))
+            reading = await self._label_values("__name__", matchers, at)
+        except ScrapeError:
+            return None, None
+        return frozenset(reading.rows), reading.partial
+
+    async def _label_values(self, label: str, matchers: str, at: float) -> Reading:
+        """One label values call over the window, restricted to ``matchers``."""
+        params = [
+            ("match[]", "{" + matchers + "}"),
+            ("start", f"{at - self.parts.window_seconds:.3f}"),
+            ("end", f"{at:.3f}"),
+            *self._params,
+        ]
+        url = self._url(f"/api/v1/label/{label}/values")
+        body = await self._bounded("GET", url, params=params, what=f"{label} values")
+        return label_values(f"{label} values", body)
 
     async def query(self, q: FleetQuery, at: float) -> bytes:
         """One instant query's body (POST: the queries are long)."""
-        url = f"{self.source.url.rstrip('/')}/api/v1/query"
-        data = {"query": q.promql, "time": f"{at:.3f}"}
-        return await self._bounded("POST", url, data=data, what=q.key)
+        data = [("query", q.promql), ("time", f"{at:.3f}"), *self._params]
+        return await self._bounded("POST", self._url("/api/v1/query"), data=data, what=q.key)
 
     async def _bounded(
         self,
         method: str,
         url: str,
         *,
-        params: Mapping[str, str] | None = None,
-        data: Mapping[str, str] | None = None,
+        params: Sequence[tuple[str, str]] | None = None,
+        data: Sequence[tuple[str, str]] | None = None,
         what: str = "",
     ) -> bytes:
         """One answer of the query API, read as every answer is (``net.bounded``): at
@@ -256,32 +325,138 @@ class PrometheusSource:
             timeout=self.source.timeout_seconds,
             max_bytes=self.parts.max_body_bytes,
             headers=self._headers,
-            params=params,
-            data=data,
+            params=_form(params) if params is not None else None,
+            data=_form(data) if data is not None else None,
             shown=shown,
+            error_bytes=ERROR_BYTES,
         )
         if not answer.ok:
-            raise ScrapeError(f"HTTP {answer.status} from {shown}", reason="http_status")
+            raise ScrapeError(
+                self._refused(answer.status, answer.body, shown), reason="http_status"
+            )
         return answer.body
+
+    def _refused(self, status: int, body: bytes, shown: str) -> str:
+        """Why the query API said no, with what to do about it."""
+        said = quoted(body.decode("utf-8", "replace").strip(), 200)
+        text = f"HTTP {status} from {shown}" + (f": {said}" if said else "")
+        if status in (401, 403):
+            tenant = any(k.lower() == TENANT_HEADER.lower() for k in self._headers)
+            if not tenant:
+                return (
+                    f"{text}; a Mimir or Cortex query API answers so without a tenant: set "
+                    f"prometheus.tenant (sent as {TENANT_HEADER}); otherwise check "
+                    "prometheus.bearer_token(_file) or basic_auth"
+                )
+            return f"{text}; check the credentials and prometheus.tenant ({TENANT_HEADER})"
+        return text
 
     @staticmethod
     def rows(q: FleetQuery, body: bytes) -> list[dict[str, Any]]:
         """The rows of an instant query's answer; ``ScrapeError`` if it is not one."""
-        try:
-            doc = json.loads(body)
-            if doc.get("status") != "success":
-                raise ValueError(doc.get("error", "status is not success"))
-            if doc["data"]["resultType"] != "vector":
-                raise ValueError(f"a {doc['data']['resultType']}, not a vector")
-            result: list[dict[str, Any]] = doc["data"]["result"]
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        rows: list[dict[str, Any]] = query_answer(q.key, body).rows
+        return rows
+
+    async def _know_backend(self) -> None:
+        """``backend: auto``: ask the build info once, and plan the queries for what it says."""
+        if self.backend is not None:
+            return
+        url = self._url(BUILDINFO)
+        shown = safe_url(url)
+        answer = await request(
+            self._client,
+            "GET",
+            url,
+            timeout=self.source.timeout_seconds,
+            max_bytes=64 * 1024,
+            headers=self._headers,
+            shown=shown,
+            error_bytes=ERROR_BYTES,
+        )
+        if answer.status in (401, 403):
             raise ScrapeError(
-                f"not an instant query answer ({q.key}): {str(exc)[:200]}", reason="parse"
-            ) from exc
-        return result
+                self._refused(answer.status, answer.body, shown), reason="http_status"
+            )
+        if answer.ok:
+            kind, how = detect(answer.body)
+        else:
+            kind, how = "prometheus", f"build info: HTTP {answer.status}; read as Prometheus"
+        self.backend = backend(kind, known_from=how)
+        self.plan = self._plan()
+        self.present, self.queries = None, self.plan.queries()
+        log.info("fleet_backend", backend=kind, known_from=how)
+
+    def _authorize(self) -> None:
+        """``bearer_token_file``: read before each tick, so a rotated token is used."""
+        path = self.source.bearer_token_file
+        if path is None:
+            return
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise ScrapeError(
+                f"cannot read prometheus.bearer_token_file {path}: {why}", reason="auth"
+            ) from None
+        if not token or any(c in token for c in "\r\n\0"):
+            raise ScrapeError(
+                f"prometheus.bearer_token_file {path} holds no usable token", reason="auth"
+            )
+        self._headers["Authorization"] = f"Bearer {token}"
+
+    async def _index(self, at: float, tick: _Tick) -> list[Piece]:
+        """The tick's pieces: from the index alone, which names the fleet exposes and,
+        with server-side sharding, which buckets exist (the label values API)."""
+        shard = self.source.shard
+        if not shard.buckets:
+            present, partial = await self.exposed(at)
+            self._use(present)
+            if partial is not None:
+                tick.everything = partial
+            return [Piece(UNLABELLED)]
+        label = shard.label
+        # The buckets from one gauge every server exposes (one series per engine): a
+        # match over every series of a large fleet passes VictoriaMetrics' bound on the
+        # series one label values call may touch (-search.maxUniqueTimeseries).
+        running = "|".join(re.escape(n) for n in names("running", "gauge"))
+        sel = ", ".join(m for m in (f'__name__=~"{running}"', inner(self.source.selector)) if m)
+        (present, partial), buckets, (bare, bare_partial) = await asyncio.gather(
+            self.exposed(at),
+            self._label_values(label, sel, at),
+            self.exposed(at, f'{label}=""'),
+        )
+        self._use(present)
+        tick.everything = partial or buckets.partial or bare_partial
+        mine, odd = owned(buckets.rows, shard.index, shard.count)
+        if odd:
+            self._odd_buckets.warn(
+                log,
+                "fleet_shard_label_not_a_bucket",
+                count=None,
+                label=label,
+                values=[quoted(v, 40) for v in odd[:5]],
+                hint=f"{label} must hold the relabel rule's bucket number "
+                "(vllm-triage render relabel); these series are no replica's",
+            )
+        pieces = plan(mine, self.bucket_sizes, label, self.per_piece)
+        # Series without the label: vLLM's when any came in the window (or the API
+        # could not say), DCGM's always (a rule may be on vLLM's job only).
+        pieces.append(unlabelled(label, vllm=bare is None or bool(bare)))
+        return pieces
+
+    def _use(self, present: frozenset[str] | None) -> None:
+        if present != self.present:
+            self.present = present
+            self.queries = self.plan.queries(present)
 
     async def tick(self) -> None:
         """One evaluation round for the whole fleet; never raises for what the API did."""
+        with paused():
+            await self._tick()
+        self._ticks += 1
+        settle(self._ticks)
+
+    async def _tick(self) -> None:
         self.in_flight = True
         step = self.parts.step_seconds
         now = self._clock()
@@ -293,16 +468,21 @@ class PrometheusSource:
             identity=tuple(self.source.identity_labels),
             name_of=lambda labels: target_name(labels, self.source.identity_labels),
         )
+        tick = _Tick()
         try:
             # The same step twice is skipped; an earlier one (the clock went back) is
             # judged, and each server's window starts again there (``Target``).
             if at == self._last:
                 return
-            present = await self.exposed(at)
-            if present != self.present:
-                self.present = present
-                self.queries = self.plan.queries(present)
-            await self._read_all(fleet, at)
+            self._authorize()
+            await self._know_backend()
+            self.pieces = await self._index(at, tick)
+            self.work = [
+                (piece, q)
+                for piece in self.pieces
+                for q in self.plan.queries(self.present, piece.matcher, vllm=piece.vllm)
+            ]
+            await self._read_all(fleet, at, tick)
         except ScrapeError as exc:
             self.api.failed(exc.reason, str(exc))
             return
@@ -317,6 +497,7 @@ class PrometheusSource:
         self.api.succeeded(now)
         self._last = at
         self.last_rows = fleet.rows
+        api.partial_answers += tick.partial_answers
         if fleet.unusable:
             self.api.state.series_problems += fleet.unusable
             self._unusable.warn(
@@ -328,25 +509,28 @@ class PrometheusSource:
                 held_back=self._unusable.held,
                 why="labels that are not strings",
             )
-        with cyclic_gc_paused():
-            self._judge(fleet, at)
+        self._size(fleet, tick)
+        self._judge(fleet, at, tick)
         self._chorus.say(log)
 
-    async def _read_all(self, fleet: Fleet, at: float) -> None:
+    async def _read_all(self, fleet: Fleet, at: float, tick: _Tick) -> None:
         """Every query of the tick, a few in flight at a time (the query API serves
         dashboards and rules too), each answer read as it arrives while the others are
         evaluated, and dropped once read: memory holds one parsed answer at a time."""
         limit = asyncio.Semaphore(CONCURRENT_QUERIES)
         join = tuple(self.source.dcgm.join.values())
 
-        async def one(q: FleetQuery) -> None:
+        async def one(piece: Piece, q: FleetQuery) -> None:
             async with limit:
                 body = await self.query(q, at)
             # Read here, not handed back: a finished task keeps its result alive.
             self.last_bytes += len(body)
+            if len(body) > tick.largest[0]:
+                tick.largest = (len(body), piece.index)
             try:
-                with cyclic_gc_paused():
-                    fleet.read(q.key, self.rows(q, body), join)
+                reading = query_answer(q.key, body)
+                tick.took(piece, reading)
+                fleet.read(q.key, reading.rows, join, piece.index)
             except ScrapeError:
                 raise
             except Exception as exc:
@@ -357,7 +541,7 @@ class PrometheusSource:
                     reason="parse",
                 ) from exc
 
-        tasks = [asyncio.create_task(one(q)) for q in self.queries]
+        tasks = [asyncio.create_task(one(piece, q)) for piece, q in self.work]
         self.last_bytes = 0
         try:
             await asyncio.gather(*tasks)
@@ -365,6 +549,26 @@ class PrometheusSource:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _size(self, fleet: Fleet, tick: _Tick) -> None:
+        """Servers per bucket, and how many a piece may hold so that its largest answer
+        stays under a quarter of ``max_body_bytes``: the next tick's pieces."""
+        label = self.plan.shard_label
+        if label is None:
+            return
+        sizes: dict[int, int] = {}
+        per_piece: dict[int, int] = {}
+        for server in fleet.servers.values():
+            per_piece[server.piece] = per_piece.get(server.piece, 0) + 1
+            bucket = server.labels.get(label, "")
+            if bucket.isdigit() and len(bucket) <= 9:
+                sizes[int(bucket)] = sizes.get(int(bucket), 0) + 1
+        self.bucket_sizes = sizes
+        size, piece = tick.largest
+        servers = per_piece.get(piece, 0)
+        if size and servers:
+            fits = self.parts.max_body_bytes // 4 // max(1, size // servers)
+            self.per_piece = max(1, min(PIECE_SERVERS, fits))
 
     def _bounded_fleet(self, owned: dict[str, Server]) -> dict[str, Server]:
         """At most ``max_servers``: the servers already judged first, then the others by
@@ -392,18 +596,85 @@ class PrometheusSource:
             )
         return {n: owned[n] for n in keep}
 
-    def _judge(self, fleet: Fleet, at: float) -> None:
+    def _cannot_tell(
+        self, fleet: Fleet, owned: Mapping[str, Server], tick: _Tick
+    ) -> dict[str, str]:
+        """Each owned server whose answers may be missing data, and why."""
+        partial = tick.everything is not None or bool(tick.partial)
+        # A partial tick's rows are short by what did not come: no baseline from them.
+        drop = not partial and self.drop.dropped(fleet.rows)
+        out: dict[str, str] = {}
+        for name, server in owned.items():
+            if tick.everything is not None or server.piece in tick.partial:
+                out[name] = "partial"
+            elif drop:
+                out[name] = "series_drop"
+            elif server.copies > 1:
+                out[name] = "duplicated"
+            elif server.split:
+                out[name] = "split"
+        if partial or drop:
+            # Known servers missing from answers that may miss data: gone, or missed.
+            missed = "partial" if partial else "series_drop"
+            out.update({n: missed for n in self.targets if n not in owned})
+        return out
+
+    def _say_cannot_tell(self, why: Mapping[str, str], tick: _Tick, fleet: Fleet) -> None:
+        counts: dict[str, int] = dict.fromkeys(REASONS, 0)
+        for reason in why.values():
+            counts[reason] += 1
+        self.api.state.cannot_tell = counts
+        if tick.notes:
+            log.debug("fleet_promql_notes", notes=sorted(tick.notes)[:3])
+        if not why:
+            self._incomplete.recovered(log, "fleet_answers_whole")
+            return
+        said = {r: n for r, n in counts.items() if n}
+        first = tick.everything or next(iter(tick.partial.values()), None)
+        hint = "nothing judged for these servers this tick; their last verdicts stand"
+        if counts["duplicated"]:
+            hint += (
+                "; duplicated: deduplicate the HA pair (backend: thanos with "
+                "replica_labels, or --query.replica-label on the querier) or narrow "
+                "prometheus.selector to one scrape job per server"
+            )
+        if counts["series_drop"]:
+            hint += (
+                f"; series_drop: {fleet.rows} rows against {self.drop.baseline}; judged "
+                f"again once the lower count holds {self.source.series_drop_ticks} ticks"
+            )
+        self._incomplete.warn(
+            log,
+            "fleet_cannot_tell",
+            key=",".join(sorted(said)),
+            count="ticks_since_last_log",
+            servers=said,
+            partial=first,
+            hint=hint,
+        )
+
+    def _judge(self, fleet: Fleet, at: float, tick: _Tick) -> None:
         window = self.parts.window_seconds
         min_obs = self.parts.min_observations
         join = tuple(self.source.dcgm.join)
-        owned = self._bounded_fleet({n: s for n, s in fleet.servers.items() if self.owns(n)})
+        owned = self._bounded_fleet(
+            {n: s for n, s in fleet.servers.items() if s.piece != UNLABELLED or self.owns(n)}
+        )
         self.seen, self.owned = len(fleet.servers), len(owned)
-        for name, target in self.targets.items():
-            if name not in owned:
-                target.failed("absent", "no series for this server in the query API")
+        why = self._cannot_tell(fleet, owned, tick)
+        self._say_cannot_tell(why, tick, fleet)
+        whole = tick.everything is None and not tick.partial and self.drop.low == 0
+        if whole:
+            # Only a whole tick says a server is gone: a partial one may just miss it.
+            for name, target in self.targets.items():
+                if name not in owned:
+                    target.failed("absent", "no series for this server in the query API")
+            if not self._released:
+                self._released = True
+                self._release(lambda name: name not in owned)
         for name, server in sorted(owned.items()):
-            if not server.models:
-                continue  # only a KV pool so far: nothing to judge
+            if not server.models or name in why:
+                continue  # only a KV pool so far, or answers that may miss data
             target = self._target(name, server.labels)
             target.state.attempted(at)
             try:

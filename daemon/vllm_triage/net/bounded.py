@@ -17,7 +17,8 @@ sends back, so each answer is read the same way, whoever asked:
   used: it inflates each received chunk whole, and for stacked encodings (``gzip, gzip``)
   the inner layer before any limit can be checked. Stacked or other encodings are refused
   (``reason="encoding"``);
-- a non-2xx answer's body is not read at all (its status and headers say what is needed);
+- a non-2xx answer's body is not read at all (its status and headers say what is needed),
+  unless the caller asks for its first ``error_bytes`` (a query API's error says why);
 - redirects are never followed here (the scrape follows same-origin ones itself);
 - every transport failure is a ``ScrapeError`` with a short reason, and its message never
   holds the URL's secrets (``shown`` replaces the URL where even its path is secret).
@@ -184,6 +185,8 @@ def _tls_text(err: ssl.SSLError, shown: str) -> str:
     if isinstance(err, ssl.SSLCertVerificationError):
         why = err.verify_message or err.reason or "certificate verify failed"
         return f"TLS: the server's certificate is not trusted ({why}) ({shown})"
+    if err.reason in ("TLSV13_ALERT_CERTIFICATE_REQUIRED", "SSLV3_ALERT_BAD_CERTIFICATE"):
+        return f"TLS: the server wants a client certificate it trusts ({err.reason}) ({shown})"
     return f"TLS handshake failed: {err.reason or err} ({shown})"
 
 
@@ -212,6 +215,19 @@ def _os_error(exc: BaseException) -> str | None:
     return None
 
 
+async def _head(resp: httpx.Response, limit: int, shown: str, encoding: str) -> bytes:
+    """The first ``limit`` decoded bytes of an answer's body (nothing when 0)."""
+    if limit <= 0:
+        return b""
+    kept = BodyLimit(limit, shown, encoding)
+    try:
+        async for chunk in resp.aiter_raw():
+            kept.add(chunk)
+    except ScrapeError:
+        pass  # past the limit, or a broken encoding: what came so far is enough
+    return b"".join(kept.chunks)[:limit]
+
+
 async def request(
     client: httpx.AsyncClient,
     method: str,
@@ -220,17 +236,19 @@ async def request(
     timeout: float,
     max_bytes: int,
     headers: Mapping[str, str] | None = None,
-    params: Mapping[str, str] | None = None,
-    data: Mapping[str, str] | None = None,
+    params: Mapping[str, str | list[str]] | None = None,
+    data: Mapping[str, str | list[str]] | None = None,
     json: Any = None,
     content: bytes | None = None,
     overflow: Literal["refuse", "truncate"] = "refuse",
     decode: bool = True,
     shown: str | None = None,
+    error_bytes: int = 0,
 ) -> Answer:
     """One request and its answer, read as the module says. ``shown`` is how the URL
     appears in errors (default: without credentials or query values); ``decode=False``
-    keeps the bytes as they came (a receiver's answer, which only its status matters for)."""
+    keeps the bytes as they came (a receiver's answer, which only its status matters for);
+    ``error_bytes``: how much of a non-2xx answer's body to keep (decoded), at most."""
     shown = shown or safe_url(url)
     sent = {"Accept-Encoding": "identity", **(headers or {})}
     answered = False
@@ -249,9 +267,10 @@ async def request(
                     follow_redirects=False,
                 ) as resp:
                     answered = True
-                    if resp.status_code // 100 != 2:
-                        return Answer(resp.status_code, resp.headers, b"")
                     encoding = resp.headers.get("Content-Encoding", "")
+                    if resp.status_code // 100 != 2:
+                        head = await _head(resp, error_bytes, shown, encoding)
+                        return Answer(resp.status_code, resp.headers, head)
                     limit = BodyLimit(max_bytes, shown, encoding, decode=decode)
                     try:
                         async for chunk in resp.aiter_raw():
@@ -263,6 +282,10 @@ async def request(
                     return Answer(resp.status_code, resp.headers, limit.body())
             except httpx.HTTPError as exc:
                 raise transport_error(exc, url, timeout, shown, answered=answered) from exc
+            except ssl.SSLError as exc:
+                # TLS 1.3 says a refused client certificate after the handshake, at the
+                # first read, where httpx lets the TLS library's error through unwrapped.
+                raise ScrapeError(_tls_text(exc, shown), reason="connect") from exc
             except httpx.InvalidURL as exc:
                 raise ScrapeError(f"invalid URL {shown}", reason="http_error") from exc
     except TimeoutError as exc:

@@ -16,7 +16,7 @@ import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 from prometheus_client import ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from vllm_triage import __version__
@@ -24,6 +24,7 @@ from vllm_triage.core.model import CAUSES, Quantile, Signals
 from vllm_triage.core.names import label_value
 from vllm_triage.core.rulebook import Slo
 from vllm_triage.core.signals import INCONSISTENT_RESETS
+from vllm_triage.serve.exposition import Counter, Gauge
 from vllm_triage.state import ReceiverView, StoreStatus, TargetState
 
 P = "vllm_triage_"
@@ -44,18 +45,18 @@ def _recording(targets: list[TargetState]) -> Iterator[Metric]:
     recorded = [t for t in targets if t.recording is not None]
     if not recorded:
         return
-    kept = CounterMetricFamily(
+    kept = Counter(
         P + "recorded_scrapes", "Scrapes kept in the daemon's recording.", labels=("target",)
     )
-    size = CounterMetricFamily(
+    size = Counter(
         P + "recorded_bytes", "Bytes written to the daemon's recording.", labels=("target",)
     )
-    held = GaugeMetricFamily(
+    held = Gauge(
         P + "recording_folder_bytes",
         "Bytes the recording's folder holds (earlier runs' too); record.max_bytes bounds it.",
         labels=("target",),
     )
-    failures = CounterMetricFamily(
+    failures = Counter(
         P + "recording_failures",
         "Scrapes the daemon's recording did not keep, by reason (disk, too_large, full).",
         labels=("target", "reason"),
@@ -252,45 +253,45 @@ class TriageCollector(Collector):
         yield from self._notifications()
         yield from self._state_store()
         yield from self._objectives()
-        info = GaugeMetricFamily(
+        info = Gauge(
             P + "build_info", "vllm-triage's version.", labels=("version", "python_version")
         )
         info.add_metric((__version__, platform.python_version()), 1)
         yield info
 
     def _target_health(self, targets: list[TargetState]) -> Iterator[Metric]:
-        up = GaugeMetricFamily(P + "target_up", "1 if the last scrape worked.", labels=("target",))
-        duration = GaugeMetricFamily(
+        up = Gauge(P + "target_up", "1 if the last scrape worked.", labels=("target",))
+        duration = Gauge(
             P + "scrape_duration_seconds", "How long the last scrape took.", labels=("target",)
         )
-        last = GaugeMetricFamily(
+        last = Gauge(
             P + "last_scrape_timestamp_seconds",
             "Unix time of the last successful scrape.",
             labels=("target",),
         )
-        scrapes = CounterMetricFamily(P + "scrapes", "Scrapes attempted.", labels=("target",))
-        failures = CounterMetricFamily(
+        scrapes = Counter(P + "scrapes", "Scrapes attempted.", labels=("target",))
+        failures = Counter(
             P + "scrape_failures",
             "Failed scrapes, by reason (timeout, connect, http_status, too_large, parse, ...).",
             labels=("target", "reason"),
         )
-        skipped = CounterMetricFamily(
+        skipped = Counter(
             P + "scrape_skipped",
             "Scheduled scrapes skipped because the previous one had not finished.",
             labels=("target",),
         )
-        problems = CounterMetricFamily(
+        problems = Counter(
             P + "series_unusable",
             "Series present in a scrape but unusable (NaN, broken histogram), left out.",
             labels=("target",),
         )
-        dropped = CounterMetricFamily(
+        dropped = Counter(
             P + "models_dropped",
             "model_name values left out because the target exposed more than "
             "max_models_per_target.",
             labels=("target",),
         )
-        clock_back = CounterMetricFamily(
+        clock_back = Counter(
             P + "clock_steps_back",
             "Scrapes timed before the last evaluation (the wall clock went back): each "
             "started the window again.",
@@ -312,24 +313,37 @@ class TriageCollector(Collector):
         yield from (up, duration, last, scrapes, failures, skipped, problems, dropped, clock_back)
         fleet = [t for t in targets if t.servers_left_out is not None]
         if fleet:  # fleet mode only
-            left_out = GaugeMetricFamily(
+            left_out = Gauge(
                 P + "fleet_servers_left_out",
                 "Servers the query API shows beyond prometheus.max_servers, not judged now.",
                 labels=("target",),
             )
+            cannot_tell = Gauge(
+                P + "fleet_servers_cannot_tell",
+                "Servers not judged at the last tick because their answers may miss data "
+                "(partial, series_drop, duplicated, split); their last verdicts stand.",
+                labels=("target", "reason"),
+            )
+            partial = Counter(
+                P + "fleet_partial_answers",
+                "Query API answers that said they were partial (isPartial, a store's warning).",
+                labels=("target",),
+            )
             for t in fleet:
                 left_out.add_metric((t.name,), t.servers_left_out or 0)
-            yield left_out
+                partial.add_metric((t.name,), t.partial_answers)
+                for reason, n in sorted((t.cannot_tell or {}).items()):
+                    cannot_tell.add_metric((t.name, reason), n)
+            yield from (left_out, cannot_tell, partial)
         yield from _recording(targets)
 
     def _signals(self, targets: list[TargetState]) -> Iterator[Metric]:
         # One gauge per quantile, not a ``quantile`` label: Prometheus keeps that label
         # for summaries (promtool flags it on a gauge).
         quantiles = [
-            (GaugeMetricFamily(P + name, help_text, labels=MODEL), get)
-            for name, help_text, get in _QUANTILES
+            (Gauge(P + name, help_text, labels=MODEL), get) for name, help_text, get in _QUANTILES
         ]
-        families = [GaugeMetricFamily(P + n, h, labels=MODEL) for n, h, _ in _SIGNALS]
+        families = [Gauge(P + n, h, labels=MODEL) for n, h, _ in _SIGNALS]
         for t in targets:
             if not t.up or t.view is None:
                 continue
@@ -358,7 +372,7 @@ class TriageCollector(Collector):
         ]
         if not found:
             return
-        family = GaugeMetricFamily(
+        family = Gauge(
             P + "counter_resets",
             "Scrapes in the window whose counters went backwards, while two or more (more "
             "than one server behind the target's address?): its rates are left out.",
@@ -371,13 +385,13 @@ class TriageCollector(Collector):
     def _decode_roofline(self, targets: list[TargetState]) -> Iterator[Metric]:
         """The decode step's bytes by part and which resource binds it
         (``docs/physics.md``, "The decode roofline"); a part whose size is unknown is absent."""
-        parts = GaugeMetricFamily(
+        parts = Gauge(
             P + "decode_step_bytes",
             "Bytes a decode step reads per GPU, by part: weights, kv (the KV cache of the "
             "running sequences), draft (a draft model's forwards).",
             labels=(*MODEL, "part"),
         )
-        binding = GaugeMetricFamily(
+        binding = Gauge(
             P + "decode_binding_resource",
             "1 for the resource that sets the decode step's floor (memory or compute), "
             "0 for the other.",
@@ -400,27 +414,27 @@ class TriageCollector(Collector):
         yield from (parts, binding)
 
     def _diagnoses(self, targets: list[TargetState]) -> Iterator[Metric]:
-        state = GaugeMetricFamily(
+        state = Gauge(
             P + "diagnosis",
             "The open incident's cause per model: 1 for it, 0 for the others; healthy when none.",
             labels=(*MODEL, "diagnosis"),
         )
-        breach = GaugeMetricFamily(
+        breach = Gauge(
             P + "slo_breach",
             "1 if the last evaluation breached this SLO.",
             labels=(*MODEL, "slo"),
         )
-        opened = CounterMetricFamily(
+        opened = Counter(
             P + "incidents_opened",
             "Incidents that started firing, by cause.",
             labels=(*MODEL, "diagnosis"),
         )
-        changes = CounterMetricFamily(
+        changes = Counter(
             P + "incident_cause_changes",
             "Changes of cause inside an open incident, by the cause it changed to.",
             labels=(*MODEL, "diagnosis"),
         )
-        contributing = GaugeMetricFamily(
+        contributing = Gauge(
             P + "contributing",
             "Each other cause whose symptoms are present beside the primary one: its share "
             "of the evidence (0 when not contributing).",
@@ -448,13 +462,13 @@ class TriageCollector(Collector):
     def _probes(self, targets: list[TargetState]) -> Iterator[Metric]:
         """Only targets with a probe enabled appear here."""
         label = ("target",)
-        seconds = GaugeMetricFamily(
+        seconds = Gauge(
             P + "probe_seconds",
             "How long the last finished probe took (to its answer, or to its deadline).",
             labels=label,
         )
-        probes = CounterMetricFamily(P + "probes", "Probes sent.", labels=label)
-        failures = CounterMetricFamily(
+        probes = Counter(P + "probes", "Probes sent.", labels=label)
+        failures = Counter(
             P + "probe_failures",
             "Probes that failed, by reason (timeout, connect, http_status, http_error, "
             "bad_response).",
@@ -473,21 +487,21 @@ class TriageCollector(Collector):
 
     def _notifications(self) -> Iterator[Metric]:
         label = ("receiver",)
-        sent = CounterMetricFamily(P + "notifications_sent", "Delivered.", labels=label)
-        retried = CounterMetricFamily(
+        sent = Counter(P + "notifications_sent", "Delivered.", labels=label)
+        retried = Counter(
             P + "notification_retries",
             "Delivery attempts that failed and were retried.",
             labels=label,
         )
-        failed = CounterMetricFamily(
+        failed = Counter(
             P + "notifications_failed",
             "Notifications given up on after retrying (or refused with a 4xx).",
             labels=label,
         )
-        dropped = CounterMetricFamily(
+        dropped = Counter(
             P + "notifications_dropped", "Dropped because the queue was full.", labels=label
         )
-        pending = GaugeMetricFamily(
+        pending = Gauge(
             P + "notifications_pending", "Waiting for delivery, or being tried.", labels=label
         )
         for d in self._deliveries():
@@ -503,7 +517,7 @@ class TriageCollector(Collector):
         incidents were opened against (not a number typed into the panel)."""
         if self._slo is None:
             return
-        seconds = GaugeMetricFamily(
+        seconds = Gauge(
             P + "slo_seconds",
             "The latency SLO each evaluation is judged by (slo.*_seconds): p99 above it "
             "is a breach.",
@@ -511,7 +525,7 @@ class TriageCollector(Collector):
         )
         seconds.add_metric(("ttft_p99",), self._slo.ttft_p99_seconds)
         seconds.add_metric(("itl_p99",), self._slo.itl_p99_seconds)
-        waiting = GaugeMetricFamily(
+        waiting = Gauge(
             P + "slo_waiting_requests",
             "Mean requests waiting over the window that counts as sustained queueing "
             "(slo.waiting_requests).",
@@ -524,13 +538,13 @@ class TriageCollector(Collector):
         status = self._store()
         if status is None:
             return
-        durable = GaugeMetricFamily(
+        durable = Gauge(
             P + "state_durable",
             "1 while the state store writes (open incidents and undelivered notifications "
             "survive a restart); 0 while the disk fails and the state is in memory only.",
         )
         durable.add_metric((), float(status.durable))
-        failures = CounterMetricFamily(
+        failures = Counter(
             P + "state_write_failures",
             "Writes to the state store that failed (a full, read-only or failing disk).",
         )

@@ -1,7 +1,8 @@
 """The daemon's routes, a WSGI application served by ``serve.listener``.
 
-    GET /metrics            derived metrics (prometheus_client's WSGI app: content
-                            negotiation, OpenMetrics, gzip)
+    GET /metrics            derived metrics (as prometheus_client's WSGI app answers:
+                            content negotiation, OpenMetrics, gzip; written by
+                            ``serve.exposition``)
     GET /healthz            200 while the process lives
     GET /readyz             200 once settings are loaded and the scheduler runs; 503
                             before and while shutting down. Never tied to a target
@@ -27,12 +28,12 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import parse_qs
 
-from prometheus_client import make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 
 from vllm_triage.page.render import content_security_policy, status_page
 from vllm_triage.page.spec import load_spec
 from vllm_triage.serve.api import diagnoses_json
+from vllm_triage.serve.exposition import metrics_app
 from vllm_triage.serve.status import live_document
 from vllm_triage.state import StoreStatus, TargetState
 
@@ -65,7 +66,7 @@ class Endpoints:
         *,
         store: Callable[[], StoreStatus | None] = lambda: None,
     ) -> None:
-        self._metrics = make_wsgi_app(registry)
+        self._metrics = metrics_app(registry)
         self._targets = targets
         self._ready = ready
         self._store = store
@@ -95,7 +96,7 @@ class Endpoints:
                 extra=[("Allow", "GET")],
             )
         if path == "/metrics":
-            return self._metrics(environ, start_response)  # type: ignore[no-any-return]
+            return self._metrics(environ, start_response)
         if path == "/healthz":
             return _reply(start_response, "200 OK", b"ok\n")
         if path == "/readyz":

@@ -1,23 +1,19 @@
 """Fleet mode (daemon/vllm_triage/fleet/: source.py, queries.py, signals.py, hardware.py)
 against a query API on 127.0.0.1 that answers each tagged row of the fleet's instant
-queries from simulator recordings, windowed as the sidecar's own window does. So the
-plumbing (rows -> totals -> signals -> diagnosis, discovery, shards, hardware) is held
-to the sidecar exactly; the PromQL itself runs against a real Prometheus in
-tests/system/test_integration.py."""
+queries from simulator recordings, windowed as the sidecar's own window does
+(tests/support/fake_query_api.py). So the plumbing (rows -> totals -> signals ->
+diagnosis, discovery, shards, hardware) is held to the sidecar exactly; the PromQL itself
+runs against a real Prometheus in tests/system/test_integration.py. The backends' own
+shapes (partial answers, duplicates, tenants, shard buckets) are test_fleet_backends.py's."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
-import math
 import tracemalloc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
 
 import httpx
 import pytest
@@ -26,266 +22,35 @@ from structlog.testing import capture_logs
 from vllm_triage.assemble import (
     build_fleet,
     build_hardware_resolver,
-    build_notifier,
     build_rulebook,
 )
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.matchers import parse_matchers
-from vllm_triage.config.schema import Settings
 from vllm_triage.core.diagnose import diagnose
-from vllm_triage.core.model import KVPool, Signals, Snapshot, WindowTotals
-from vllm_triage.core.names import SAMPLES
-from vllm_triage.core.parse import parse_snapshot
-from vllm_triage.core.totals import Window
 from vllm_triage.errors import ConfigError
+from vllm_triage.fleet.completeness import REASONS
 from vllm_triage.fleet.hardware import Card, HardwareResolver
 from vllm_triage.fleet.queries import QueryPlan, duration, names
 from vllm_triage.fleet.source import PrometheusSource, shard_of
-from vllm_triage.simulator import get_scenario, record
 from vllm_triage.store import StateStore
 
-from support.localserver import Exchange, serving
+from support.fake_query_api import (
+    MODEL,
+    NOW,
+    STEP,
+    Fake,
+    exposed,
+    fleet_settings,
+    query_api,
+    run_ticks,
+    totals_at,
+    warm,
+    window_at,
+    without_progress,
+)
 from support.paths import CONFIGS, FIXTURES
 
-STEP = 5.0
-WINDOW = 60.0
-NOW = 1_767_226_200.0  # a multiple of STEP: the fleet's evaluation grid lands here
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 LLAMA_8B = {"parameters_billion": 8.03, "dtype": "bfloat16"}
-
-
-@functools.cache
-def scrapes(scenario: str) -> tuple[tuple[float, str], ...]:
-    """The scenario scraped every STEP seconds up to NOW."""
-    return tuple(
-        record(get_scenario(scenario), start_at=NOW - 400, interval_s=STEP, duration_s=400)
-    )
-
-
-@functools.cache
-def recorded(scenario: str) -> tuple[Snapshot, ...]:
-    return tuple(parse_snapshot(body, at) for at, body in scrapes(scenario))
-
-
-@functools.cache
-def exposed(scenario: str) -> frozenset[str]:
-    """The names the parser reads that the scenario's scrapes show."""
-    _, body = scrapes(scenario)[-1]
-    return frozenset(line.split("{")[0].split(" ")[0] for line in body.splitlines()) & set(SAMPLES)
-
-
-def window_at(scenario: str, at: float) -> Window:
-    """The sidecar's window over the recording at ``at``."""
-    w = Window(WINDOW, min_observations=load_settings().thresholds.min_observations)
-    for snap in recorded(scenario):
-        if at - WINDOW - STEP < snap.at <= at:
-            w.push(snap)
-    return w
-
-
-def without_progress(s: Signals) -> Signals:
-    """The sidecar's signals as fleet mode has them when the query API answers no progress
-    rows (this fake answers none; they are tested apart)."""
-    missing = dict(s.missing)
-    missing["progress"] = "not exposed: no token, step or scheduler series per engine"
-    return dataclasses.replace(s, progress=None, missing=missing)
-
-
-@functools.cache
-def totals_at(scenario: str, at: float) -> tuple[tuple[WindowTotals, ...], KVPool | None]:
-    """Each model's totals of the sidecar's window at ``at``, and its KV pool."""
-    w = window_at(scenario, at)
-    if not len(w) or w.newest is None:
-        return (), None
-    return tuple(w.totals(m) for m in w.models()), w.newest.kv_pool
-
-
-def _row(labels: dict[str, str], key: str, at: float, value: float) -> dict[str, Any]:
-    """A row of the query for ``key`` (kept beside the row, for the fake to pick by)."""
-    return {"metric": dict(labels), "value": [at, repr(value)], "key": key}
-
-
-def model_rows(keys: set[str], labels: dict[str, str], t: WindowTotals) -> list[dict[str, Any]]:
-    """The rows Prometheus would give for one server's model, from the sidecar's totals."""
-    at, out = t.at, []
-    lab = {**labels, "model_name": t.model_name}
-    for name, h in t.histograms.items():
-        if f"{name}_bucket" in keys:
-            for le, c in zip(h.bounds, h.cumulative, strict=True):
-                le_text = "+Inf" if math.isinf(le) else repr(le)
-                out.append(_row({**lab, "le": le_text}, f"{name}_bucket", at, c))
-        for part, value in (("sum", h.sum), ("count", h.count)):
-            if f"{name}_{part}" in keys:
-                out.append(_row(lab, f"{name}_{part}", at, value))
-    for name, value in t.counters.items():
-        if name in keys:
-            out.append(_row(lab, name, at, value))
-    gauges = {
-        "running_mean": t.running.mean,
-        "running_max": t.running.max,
-        "waiting_mean": t.waiting.mean,
-        "waiting_max": t.waiting.max,
-        "waiting_min": t.waiting.min,
-        "waiting_first": t.waiting.first,
-        "waiting_last": t.waiting.last,
-        "kv_usage_mean": t.kv_usage.mean,
-        "kv_usage_max": t.kv_usage.max,
-        "running_busy_mean": t.running_busy_mean,
-        "kv_usage_busy_mean": t.kv_usage_busy_mean,
-        "snapshots": float(t.snapshots),
-        "engines": float(t.engines),
-    }
-    for key, value in gauges.items():
-        if key in keys and value is not None:
-            out.append(_row(lab, key, at, value))
-    # Each data-parallel engine's balance, one row per engine label.
-    for key, means in (
-        ("engine_waiting_mean", t.engine_waiting_mean),
-        ("engine_kv_usage_mean", t.engine_kv_usage_mean),
-    ):
-        if key in keys:
-            out += [_row({**lab, "engine": e}, key, at, v) for e, v in means.items()]
-    return out
-
-
-class Fake:
-    """What the query API knows: servers ({instance: scenario}), their extra labels and
-    DCGM cards ({instance: (card, gpus, dram activity)}). It answers the fleet's own
-    queries (``learn`` maps each query's text to its key) with the rows Prometheus would
-    give, from the sidecar's window over the recordings."""
-
-    def __init__(self) -> None:
-        self.servers: dict[str, str] = {}
-        self.labels: dict[str, dict[str, str]] = {}
-        self.dcgm: dict[str, tuple[str, int, float]] = {}
-        self.seen: list[dict[str, str]] = []
-        self.keys: dict[str, str] = {}
-        self.names_api = True
-        self.status = 200
-        self.raw: bytes | None = None
-        #: Per-engine rows answered for every server's model instead of the window's:
-        #: {key: {engine: value}}.
-        self.engine_rows: dict[str, dict[str, float]] = {}
-
-    def names(self) -> frozenset[str]:
-        return frozenset().union(*(exposed(s) for s in self.servers.values()))
-
-    def learn(self, plan: QueryPlan) -> None:
-        for present in (None, self.names()):
-            self.keys.update({q.promql: q.key for q in plan.queries(present)})
-
-    def answer(self, query: str, at: float) -> list[dict[str, Any]]:
-        key = self.keys[query]
-        rows: list[dict[str, Any]] = []
-        for instance, scenario in self.servers.items():
-            labels = {"job": "vllm", "instance": instance}
-            models, pool = totals_at(scenario, at)
-            if not models:
-                continue
-            extra = self.labels.get(instance, {})
-            for t in models:
-                if key in self.engine_rows:
-                    lab = {**labels, "model_name": t.model_name}
-                    rows += [
-                        _row({**lab, "engine": e}, key, at, v)
-                        for e, v in self.engine_rows[key].items()
-                    ]
-                    continue
-                for row in model_rows({key}, labels, t):
-                    if key == "engines":
-                        row["metric"].update(extra)
-                    rows.append(row)
-            if key == "pool" and pool is not None:
-                sizes = {"engine": "0", "block_size": str(pool.block_size)}
-                sizes["num_gpu_blocks"] = str(pool.num_gpu_blocks)
-                if pool.config is not None:  # the labels that size KV bytes per token
-                    cfg = pool.config
-                    sizes["kv_cache_size_tokens"] = str(cfg.kv_cache_size_tokens)
-                    sizes["kv_cache_memory_bytes"] = str(cfg.kv_cache_memory_bytes)
-                    sizes["gpu_memory_utilization"] = str(cfg.gpu_memory_utilization)
-                    sizes["cache_dtype"] = cfg.cache_dtype
-                rows.append(_row({**labels, **sizes}, "pool", at, 1.0))
-            if instance in self.dcgm and extra:
-                card, gpus, dram = self.dcgm[instance]
-                pod = {"namespace": extra["namespace"], "pod": extra["pod"]}
-                if key == "dcgm_gpus":
-                    rows.append(_row({**pod, "modelName": card}, key, at, float(gpus)))
-                if key == "dcgm_dram":
-                    rows.append(_row(pod, key, at, dram))
-        return rows
-
-
-@contextmanager
-def query_api(fake: Fake) -> Iterator[str]:
-    def handle(x: Exchange) -> None:
-        if x.request.method == "GET":
-            # The label values API: which names the fleet exposes.
-            fake.seen.append({"names": x.request.path})
-            found = fake.names_api and x.request.path.startswith("/api/v1/label/__name__/values")
-            doc = {"status": "success", "data": sorted(fake.names())}
-            x.reply(
-                200 if found else 404, json.dumps(doc).encode() if found else b"404 page not found"
-            )
-            return
-        form = {k: v[0] for k, v in parse_qs(x.request.body.decode()).items()}
-        fake.seen.append(form)
-        if fake.raw is not None or fake.status != 200:
-            body = fake.raw or b'{"status":"error","error":"boom"}'
-        else:
-            result = fake.answer(form["query"], float(form["time"]))
-            doc = {"status": "success", "data": {"resultType": "vector", "result": result}}
-            body = json.dumps(doc).encode()
-        x.reply(fake.status, body, content_type="application/json")
-
-    with serving(handle) as server:
-        yield server.url()
-
-
-def fleet_settings(url: str, **extra: Any) -> Settings:
-    top = extra.pop("top", {})
-    prom = {"url": url, "selector": '{job="vllm"}', "timeout_seconds": 30, **extra}
-    return load_settings(
-        flags={
-            "source": "prometheus",
-            "interval_seconds": STEP,
-            "window_seconds": WINDOW,
-            "prometheus": prom,
-            **top,
-        }
-    )
-
-
-def warm(fake: Fake, times: list[float]) -> list[float]:
-    """Simulate the fake's windows before the ticks ask (a busy machine takes seconds)."""
-    for scenario in set(fake.servers.values()):
-        for at in times:
-            totals_at(scenario, at - at % STEP)
-    return times
-
-
-def run_ticks(
-    settings: Settings,
-    times: list[float],
-    *,
-    fake: Fake | None = None,
-    store: StateStore | None = None,
-) -> PrometheusSource:
-    now = [times[0]]
-
-    async def go() -> PrometheusSource:
-        async with httpx.AsyncClient() as client:
-            notifier = build_notifier(settings, client, "http://x", store) if store else None
-            source = build_fleet(
-                settings, client=client, notifier=notifier, clock=lambda: now[0], store=store
-            )
-            if fake is not None:
-                fake.learn(source.plan)
-            for at in times:
-                now[0] = at
-                await source.tick()
-        return source
-
-    return asyncio.run(go())
 
 
 class TestQueries:
@@ -545,11 +310,12 @@ class TestTicks:
             "vllm/b:8000": [],
             "vllm/c:8000": ["queue_bound"],
         }
-        # Instant queries on the step grid, POSTed, after one names call a tick; the
-        # query API counted as a target.
+        # Instant queries on the step grid, POSTed, after one names call a tick (and one
+        # build-info probe, the first tick: ``backend: auto``); the query API counted as
+        # a target.
         asked = [f for f in fake.seen if "time" in f]
         assert {float(f["time"]) % STEP for f in asked} == {0.0}
-        assert len(fake.seen) == 5 * (len(source.queries) + 1)
+        assert len(fake.seen) == 1 + 5 * (len(source.queries) + 1)
         assert {q.key for q in source.queries} >= {"dcgm_gpus", "ttft_bucket"}
         assert source.api.state.up and source.api.state.scrapes == 5
 
@@ -701,8 +467,8 @@ class TestTicks:
         fake.servers = {"a:8000": "healthy"}
         answer = fake.answer
 
-        def with_nan(query: str, at: float) -> list[dict[str, Any]]:
-            rows = answer(query, at)
+        def with_nan(query: str, at: float, **kw: Any) -> list[dict[str, Any]]:
+            rows = answer(query, at, **kw)
             for row in rows:
                 if row["key"] == "waiting_mean":
                     row["value"] = [at, "NaN"]
@@ -716,28 +482,34 @@ class TestTicks:
         assert st.view.evaluation.signals[MODEL].waiting_mean is None
 
     def test_a_server_that_disappears_is_marked_down(self) -> None:
+        """The whole fleet gone from the answers is a drop of every row: missing data
+        until it holds (``series_drop_ticks``, 3), then the server is marked down."""
         fake = Fake()
         fake.servers = {"a:8000": "healthy"}
         with query_api(fake) as url:
             settings = fleet_settings(url)
 
-            async def go() -> PrometheusSource:
-                times = iter(warm(fake, [NOW - 100, NOW - 95, NOW - 95]))
+            async def go() -> tuple[PrometheusSource, list[bool]]:
+                times = iter(warm(fake, [NOW - 100, NOW - 95, NOW - 95, NOW - 90, NOW - 85]))
+                up: list[bool] = []
                 async with httpx.AsyncClient() as client:
                     source = build_fleet(
                         settings, client=client, notifier=None, clock=lambda: next(times)
                     )
-                    fake.learn(source.plan)
+                    fake.learn(source)
                     await source.tick()
                     fake.servers.clear()
-                    await source.tick()
-                    await source.tick()  # the same step again: not asked twice
-                return source
+                    for _ in range(4):  # the second: the same step again, not asked twice
+                        await source.tick()
+                        up.append(source.targets["vllm/a:8000"].state.up)
+                return source, up
 
-            source = asyncio.run(go())
+            source, up = asyncio.run(go())
         state = source.targets["vllm/a:8000"].state
+        assert up == [True, True, True, False]
         assert not state.up and state.failures["absent"] == 1
-        assert len([f for f in fake.seen if "names" in f]) == 2
+        assert len([f for f in fake.seen if "names" in f and "__name__" in f["names"]]) == 4
+        assert source.api.state.cannot_tell == dict.fromkeys(REASONS, 0)
 
     def test_a_shard_lets_go_of_restored_incidents_now_anothers(self, tmp_path: Path) -> None:
         """After the replica count changed, restored incidents of servers now owned by
@@ -783,8 +555,8 @@ class TestHostileAnswers:
         fake.servers = {"a:8000": "healthy", "b:8000": "queue_bound"}
         answer = fake.answer
 
-        def one_bad_row(query: str, at: float) -> list[dict[str, Any]]:
-            rows = answer(query, at)
+        def one_bad_row(query: str, at: float, **kw: Any) -> list[dict[str, Any]]:
+            rows = answer(query, at, **kw)
             if rows and rows[0]["key"] == "running_mean":
                 rows.append({"metric": {"instance": "c:8000", "model_name": 7}, "value": [at, "1"]})
             return rows
@@ -816,10 +588,10 @@ class TestHostileAnswers:
         cards = iter(f"{i:04d}" + "X" * 2**20 for i in range(len(times) * 2))
         answer = fake.answer
 
-        def new_name_each_tick(query: str, at: float) -> list[dict[str, Any]]:
-            if fake.keys.get(query) == "dcgm_gpus":
+        def new_name_each_tick(query: str, at: float, **kw: Any) -> list[dict[str, Any]]:
+            if fake.key_of(query)[0] == "dcgm_gpus":
                 fake.dcgm["a:8000"] = (next(cards), 1, 0.5)
-            return answer(query, at)
+            return answer(query, at, **kw)
 
         fake.answer = new_name_each_tick  # type: ignore[method-assign]
         fake.dcgm["a:8000"] = ("first", 1, 0.5)
@@ -865,8 +637,8 @@ class TestOneServerNeverBlindsTheRest:
         fake.servers = {"a:8000": "queue_bound", "b:8000": "healthy", "c:8000": "queue_bound"}
         answer = fake.answer
 
-        def hostile_pool(query: str, at: float) -> list[dict[str, Any]]:
-            rows = answer(query, at)
+        def hostile_pool(query: str, at: float, **kw: Any) -> list[dict[str, Any]]:
+            rows = answer(query, at, **kw)
             for row in rows:
                 if row["key"] == "pool" and row["metric"]["instance"] == "a:8000":
                     row["metric"].update(num_gpu_blocks="9" * 400, kv_cache_size_tokens="None")
@@ -936,9 +708,9 @@ class TestOneServerNeverBlindsTheRest:
         fake.servers = {f"s{i}:8000": "healthy" for i in range(40)}
         answer = fake.answer
 
-        def a_bad_row_each(query: str, at: float) -> list[dict[str, Any]]:
-            rows = answer(query, at)
-            if fake.keys.get(query) == "running_mean":
+        def a_bad_row_each(query: str, at: float, **kw: Any) -> list[dict[str, Any]]:
+            rows = answer(query, at, **kw)
+            if fake.key_of(query)[0] == "running_mean":
                 rows += [
                     {"metric": {**r["metric"], "le": "x"}, "value": [at, "NaN"]} for r in list(rows)
                 ]
