@@ -122,6 +122,7 @@ class Daemon:
         self.scrapers = parts.scrapers
         self.fleet = parts.fleet
         self._client = parts.client
+        self._scheduler: AsyncIOScheduler | None = None
 
     @property
     def ready(self) -> bool:
@@ -148,6 +149,18 @@ class Daemon:
         host = "127.0.0.1" if host in ("0.0.0.0", "") else host
         return f"http://{host}:{port}"
 
+    def set_interval(self, seconds: float) -> None:
+        """Scrape every ``seconds`` from now on, each target (and the fleet source), with
+        the next scrape one new interval away; on the event loop's thread, while running.
+        For a clock whose pace changed (the live demo slowing itself down on a busy host):
+        a scrape still comes every so many of that clock's seconds."""
+        if self._scheduler is None:
+            raise RuntimeError("the daemon is not running")
+        for job in self._scheduler.get_jobs():
+            if job.id.startswith("scrape:"):
+                job.modify(misfire_grace_time=max(1, int(seconds)))
+                job.reschedule("interval", seconds=seconds)
+
     def _on_skipped(self, event: JobEvent) -> None:
         states = [s.target.state for s in self.scrapers]
         if self.fleet is not None:
@@ -167,7 +180,7 @@ class Daemon:
         workers = [
             asyncio.create_task(d.run(), name=f"deliver:{d.name}") for d in self.notifier.deliveries
         ]
-        scheduler = AsyncIOScheduler(timezone=UTC, event_loop=loop)
+        scheduler = self._scheduler = AsyncIOScheduler(timezone=UTC, event_loop=loop)
         now = datetime.now(UTC)
         n = max(len(self.scrapers), 1)
         for i, sc in enumerate(self.scrapers):

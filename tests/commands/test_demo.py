@@ -21,6 +21,7 @@ from vllm_triage.demo.offline import (
     run_scenario,
     scenario_settings,
 )
+from vllm_triage.demo.pacing import Strain
 from vllm_triage.demo.view import DemoTarget, render, status_lines
 from vllm_triage.errors import ConfigError
 from vllm_triage.simulator import get_scenario
@@ -194,18 +195,20 @@ class TestProblems:
 
 
 class TestLiveResult:
-    def test_failed_scrapes_are_named_as_the_likely_why(self) -> None:
+    def test_failed_scrapes_make_a_failed_check_the_hosts(self) -> None:
         """A machine too slow for the speed: scrapes time out and phases go unseen; the
-        verdict says so rather than only "never fired"."""
+        check says what went differently, and the host is named as why
+        (tests/commands/test_demo_pacing.py has the verdict's words)."""
         result = LiveDemoResult(
             events={"tour": [Event(95, "firing", "prefill_bound")]},
             segments={"tour": segments(get_scenario("tour"))},
             scrape_failures={"tour": {"timeout": 12}},
             speed=25,
+            strain=Strain(ticks=200, failed=12),
         )
         ok, why = result.verdicts()["tour"]
-        assert not ok
-        assert "failed (12 timeout): this machine did not keep up at 25x" in why
+        assert not ok and "decode_bound never fired" in why
+        assert result.host_too_slow
 
     def test_the_verdict_is_the_self_check(self) -> None:
         segs = segments(get_scenario("tour"))

@@ -4,8 +4,12 @@ scenario in virtual time (``--offline``)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import sys
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +19,13 @@ from vllm_triage.errors import ConfigError
 
 if TYPE_CHECKING:
     from vllm_triage.demo.live import LiveDemoResult
+
+#: The exit code of a live demo that could not be judged (as `check`'s "cannot tell").
+HOST_TOO_SLOW = 3
+#: The live demo's log file, in its folder beside the recordings and the report.
+LOG_NAME = "demo.log"
+#: The events a summary of the log names, most frequent first.
+LOG_EVENTS_SHOWN = 4
 
 
 DESCRIPTION = """\
@@ -32,8 +43,17 @@ first firing is its own cause, nothing else fires, and each incident resolves in
 healthy time after it. A scenario may bring its own SLOs (the tour judges ITL against
 24 ms: see rules/scenarios/tour.yaml); --config and VLLM_TRIAGE_* variables still win.
 
+The live demo runs the simulator, the daemon and the receiver in one process. On a host
+too busy to keep up (scrapes skipped or late, the simulator behind its clock) it slows
+the scenario's clock down, to an eighth of --speed at most, and says by how much; what
+is judged stays in the scenario's seconds. If the scenario still does not come out as
+built on a host that showed strain, the verdict is "could not judge: the host was too
+slow" (exit 3), not a diagnosis error: --offline needs no pace at all. The daemon's log
+lines go to demo.log in the demo's folder, never between the demo's own lines.
+
 Exit codes: 0 as built; 1 not as built, or an alert was not delivered; 2 a usage or
-settings error; 130 interrupted (Ctrl-C)."""
+settings error; 3 could not judge (the host was too slow for the live demo); 130
+interrupted (Ctrl-C)."""
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -131,23 +151,64 @@ def run(args: argparse.Namespace) -> int:
     if args.format != "text":
         raise ConfigError("--format needs --offline")
     from vllm_triage.demo.live import DEFAULT_LIVE, run_live_demo
+    from vllm_triage.demo.tour_report import demo_folder
 
     names = tuple(dict.fromkeys(args.scenario or DEFAULT_LIVE))
     outcome: dict[str, int] = {}
-    run_live_demo(
-        names,
-        speed=args.speed,
-        listen=args.listen,
-        config=args.config,
-        duration_s=args.duration,
-        keep_running=args.keep_running,
-        report=lambda result: outcome.update(code=_report(result)),
-        record_dir=Path(args.record) if args.record else None,
-    )
+    folder = demo_folder(Path(args.record) if args.record else None)
+    log_file = folder / LOG_NAME
+    with logging_to(log_file, args.log_level or "warning", args.log_format):
+        run_live_demo(
+            names,
+            speed=args.speed,
+            listen=args.listen,
+            config=args.config,
+            duration_s=args.duration,
+            keep_running=args.keep_running,
+            report=lambda result: outcome.update(code=_report(result)),
+            record_dir=folder,
+            log_file=log_file,
+        )
     code = outcome.get("code", 1)
     if args.keep_running and code != 130:
         print("stopped.")
     return code
+
+
+@contextlib.contextmanager
+def logging_to(path: Path, level: str, log_format: str) -> Iterator[None]:
+    """The log lines (JSON) into ``path`` while the live demo runs, so that none falls
+    between the demo's own lines on a terminal or in a pipe; then back to stderr."""
+    from vllm_triage.logs import configure
+
+    with path.open("a", encoding="utf-8") as f:
+        configure(level, json=True, stream=f)
+        # The standard library's loggers (the scheduler's errors) go there too.
+        handler = logging.StreamHandler(f)
+        root = logging.getLogger()
+        root.addHandler(handler)
+        try:
+            yield
+        finally:
+            root.removeHandler(handler)
+            configure(level, json=None if log_format == "auto" else log_format == "json")
+
+
+def log_summary(path: Path | None) -> str:
+    """What the log file holds: its lines by event, most first; empty when nothing."""
+    if path is None or not path.exists():
+        return ""
+    events: Counter[str] = Counter()
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            events[str(json.loads(line).get("event", "?"))] += 1
+        except (ValueError, AttributeError):
+            events["(other)"] += 1
+    if not events:
+        return ""
+    shown = ", ".join(f"{event} {n}" for event, n in events.most_common(LOG_EVENTS_SHOWN))
+    more = ", ..." if len(events) > LOG_EVENTS_SHOWN else ""
+    return f"{counted(events.total(), 'log line')} ({shown}{more}) in {path}"
 
 
 def _report(result: LiveDemoResult) -> int:
@@ -157,12 +218,28 @@ def _report(result: LiveDemoResult) -> int:
         return 130
     print()
     good = True
+    too_slow = result.host_too_slow
     for name, (ok, why) in result.verdicts().items():
         good &= ok
         fired = ", ".join(result.fired(name)) or "none"
         resolved = ", ".join(result.resolved(name)) or "none"
-        print(f"{name}: {'as built' if ok else 'NOT AS BUILT'}: {why}")
+        if ok:
+            print(f"{name}: as built: {why}")
+        elif too_slow:
+            print(f"{name}: could not judge: the host was too slow ({result.strain.said()})")
+            print(f"  what went differently on it: {why}")
+        else:
+            print(f"{name}: NOT AS BUILT: {why}")
         print(f"  alerts fired: {fired}; resolved: {resolved}")
+    paced = result.pacer.said() if result.pacer is not None else ""
+    if paced:
+        print(f"Pace: {paced}.")
+    if too_slow:
+        print(
+            "This host was too busy for the live demo. `vllm-triage demo --offline` plays "
+            "the same scenarios in virtual time (no sockets, seconds), judged by the same "
+            "check; or run the live demo where fewer jobs compete for the cores."
+        )
     print(
         f"{counted(result.delivered, 'notification')} delivered to the local receiver, "
         f"{result.failed} failed."
@@ -180,6 +257,11 @@ def _report(result: LiveDemoResult) -> int:
         print(result.report_error)
     if result.recording is not None:
         print(kept_text(result.recording, result.recording_bytes, result.settings_file))
+    logged = log_summary(result.log_file)
+    if logged:
+        print(f"The log: {logged}.")
+    if too_slow:
+        return HOST_TOO_SLOW
     return 0 if good and not result.failed else 1
 
 
@@ -190,7 +272,7 @@ def kept_text(folder: Path, size: int, settings: Path | None = None) -> str:
     config = f" --config {settings}" if settings is not None else ""
     return (
         f"\nRecording kept in {folder} ({size / 1e6:.1f} MB): the daemon's own scrapes, "
-        f"its settings and the report (`vllm-triage replay {folder}/{again}{config}` "
+        f"its settings, its log and the report (`vllm-triage replay {folder}/{again}{config}` "
         "tells what the alerts told); delete it when done (rm -r it), or pass "
         "--record DIR to choose where it goes."
     )

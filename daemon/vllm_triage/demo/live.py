@@ -5,9 +5,11 @@ server (``simulator.serve``) playing a scenario at ``speed`` times real time, th
 (``assemble.build_daemon``, exactly as ``run`` starts it) scraping it, and a webhook receiver
 (``sink``) that the daemon's Alertmanager-format notifications are delivered to.
 
-The daemon's clock runs at the simulator's speed, so its 60 s window, its scrape
-interval (5 simulated seconds) and the incident timings are those of a real server
-watched in real time: only the wall clock is faster.
+The daemon's clock runs at the simulator's speed (one ``Pace``, shared), so its 60 s
+window, its scrape interval (5 simulated seconds) and the incident timings are those of
+a real server watched in real time: only the wall clock is faster. On a host that cannot
+keep up, the demo slows that pace down (``demo.pacing``); what is judged stays in the
+scenario's seconds.
 
 The verdict is what the receiver got (the whole pipeline, not the core alone), checked
 against what each phase of the scenario was built to show (``demo.expectations``).
@@ -34,6 +36,7 @@ from vllm_triage.core.model import Transition
 from vllm_triage.core.report import transition_text
 from vllm_triage.demo.expectations import Event, Segment, problems, segments
 from vllm_triage.demo.offline import START_AT, TAIL_S, expected_of, scenario_facts
+from vllm_triage.demo.pacing import LATE_SHARE, Pacer, Strain
 from vllm_triage.demo.sink import WebhookSink
 from vllm_triage.demo.tour_report import demo_folder, folder_size, write_diagnosis_settings
 from vllm_triage.demo.view import DemoTarget, render, status_lines
@@ -41,7 +44,7 @@ from vllm_triage.errors import ConfigError, RecordingError
 from vllm_triage.recording.reportfile import WrittenReport, write_report
 from vllm_triage.service import Daemon
 from vllm_triage.simulator import Scenario, get_scenario
-from vllm_triage.simulator.serve import SimulatedServer
+from vllm_triage.simulator.serve import Pace, SimulatedServer
 
 #: The default target: the tour through every cause, on one card.
 DEFAULT_LIVE = ("tour",)
@@ -94,7 +97,14 @@ class LiveDemoResult:
     interrupted: bool = False
     #: Per target, the daemon's failed scrapes of the simulator, by reason.
     scrape_failures: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: The speed asked for; the pace it ended at (lower if it slowed itself), and how.
     speed: float = 0.0
+    pacer: Pacer | None = None
+    #: Signs that the host could not keep up (skipped, late and failed scrapes, a
+    #: simulator behind its clock).
+    strain: Strain = field(default_factory=Strain)
+    #: The daemon's log (JSON lines), kept out of the demo's own output.
+    log_file: Path | None = None
     #: The post-mortem of the recorded target (``tour_report``), and where it lives.
     report: WrittenReport | None = None
     report_error: str = ""
@@ -111,6 +121,13 @@ class LiveDemoResult:
     def resolved(self, name: str) -> list[str]:
         return [e.cause for e in self.events.get(name, []) if e.event == "resolved"]
 
+    @property
+    def host_too_slow(self) -> bool:
+        """The scenario did not come out as built on a host that showed strain: the host
+        may be why, so it cannot be judged (``demo`` exits 3, as ``check``'s "cannot
+        tell"). On a host that kept up, a failed check is the diagnosis's."""
+        return self.strain.shown and not all(ok for ok, _ in self.verdicts().values())
+
     def verdicts(self) -> dict[str, tuple[bool, str]]:
         """Per target: as built or not, and why (every problem, or what fired)."""
         out = {}
@@ -120,14 +137,6 @@ class LiveDemoResult:
                 out[name] = (True, "no expectations stated; see what fired")
                 continue
             found = problems(segs, events, still_firing=self.still_firing.get(name, []))
-            failures = self.scrape_failures.get(name, {})
-            if found and failures:
-                # Most likely why: the machine could not simulate at this speed.
-                said = ", ".join(f"{n} {reason}" for reason, n in sorted(failures.items()))
-                found.append(
-                    f"the daemon's scrapes of the simulator failed ({said}): this machine "
-                    f"did not keep up at {self.speed:g}x; try a lower --speed"
-                )
             if found:
                 out[name] = (False, "; ".join(found))
             else:
@@ -191,15 +200,19 @@ def run_live_demo(
     keep_running: bool = False,
     report: Callable[[LiveDemoResult], None] | None = None,
     record_dir: Path | None = None,
+    log_file: Path | None = None,
 ) -> LiveDemoResult:
     """Run the demo; ``report`` is called with the result when the scenario is over (with
     ``keep_running``, before the demo waits for Ctrl-C with its URLs still serving). The
     daemon's recordings and the report go to ``record_dir`` (else a new temporary
-    folder), which is left for the user (``demo.tour_report``)."""
+    folder), which is left for the user (``demo.tour_report``). ``log_file``: where the
+    caller sent the log lines, to be named in the output."""
     scenarios = {name: get_scenario(name) for name in names}
     total = duration_s or max(s.duration_s for s in scenarios.values()) + TAIL_S
+    # One scenario clock for the simulators and the daemon; the demo may slow it down.
+    pace = Pace(speed)
     servers = {
-        name: SimulatedServer(s, host="127.0.0.1", port=0, speed=speed, naming="v1")
+        name: SimulatedServer(s, host="127.0.0.1", port=0, speed=speed, naming="v1", pace=pace)
         for name, s in scenarios.items()
     }
     stop_sims = threading.Event()
@@ -226,7 +239,9 @@ def run_live_demo(
                 record_dir=kept,
             )
 
-        clock = scaled_clock(speed)
+        def clock() -> float:
+            return START_AT + pace()
+
         try:
             own = settings(listen)
             daemon = build_daemon(own, clock=clock, default_state_dir=state)
@@ -239,7 +254,16 @@ def run_live_demo(
         # The tour (or the first target) gets a post-mortem report from its recording.
         reported = "tour" if "tour" in scenarios else next(iter(scenarios))
         demo = _Demo(
-            daemon, own, servers, scenarios, sink, total=total, speed=speed, reported=reported
+            daemon,
+            own,
+            servers,
+            scenarios,
+            sink,
+            total=total,
+            pace=pace,
+            pacer=Pacer(speed),
+            reported=reported,
+            log_file=log_file,
         )
         try:
             return asyncio.run(
@@ -268,14 +292,49 @@ class _Demo:
     scenarios: dict[str, Scenario]
     sink: WebhookSink
     total: float
-    speed: float
+    pace: Pace
+    pacer: Pacer
     #: The target whose recording the report is made from.
     reported: str
+    log_file: Path | None = None
     interrupted: bool = False
+    #: Per target, the scrapes counted when the pace last looked, for ``strain``.
+    _looked: dict[str, int] = field(default_factory=dict)
+    _late: int = 0
+
+    @property
+    def speed(self) -> float:
+        return self.pace.speed
 
     @property
     def sim_t(self) -> float:
         return next(iter(self.servers.values())).live.t
+
+    def strain(self) -> Strain:
+        """The signs so far that the host cannot keep up (totals over every target). A
+        scrape is seen late when the pace looks after it and before the next one: at
+        most every other one at 20x, enough to tell a host that keeps being late."""
+        late_s = LATE_SHARE * SCRAPE_EVERY_SIM_S / self.speed
+        skipped = ticks = failed = 0
+        for w in self.daemon.targets:
+            st = w.state
+            skipped += st.skipped_ticks
+            ticks += st.scrapes + st.skipped_ticks
+            failed += sum(st.failures.values())
+            if st.scrapes > self._looked.get(st.name, 0):
+                self._looked[st.name] = st.scrapes
+                self._late += (st.last_duration_s or 0.0) > late_s
+        behind = sum(srv.live.behind for srv in self.servers.values())
+        return Strain(skipped, ticks, self._late, failed, behind)
+
+    def keep_pace(self) -> None:
+        """Slow the scenario's clock when the host shows new strain (``Pacer``); the
+        daemon then scrapes every 5 of its seconds still, a longer wall interval."""
+        slower = self.pacer.observe(self.sim_t, self.strain())
+        if slower is None:
+            return
+        self.pace.set_speed(slower)
+        self.daemon.set_interval(SCRAPE_EVERY_SIM_S / slower)
 
     async def drive(
         self,
@@ -297,17 +356,26 @@ class _Demo:
             loop.add_signal_handler(sig, interrupt)
         task = asyncio.create_task(daemon.run(stop))
         if not interactive:
+            logged = f"  log:             {self.log_file}\n" if self.log_file else ""
             out(
                 f"vllm-triage demo: simulated vLLM ({', '.join(self.scenarios)}) at "
                 f"{self.speed:g}x -> daemon -> local webhook receiver; "
                 f"{self.total:.0f} simulated seconds\n"
                 f"  status page:     {daemon.url}/\n"
                 f"  derived metrics: {daemon.url}/metrics\n"
-                f"  diagnoses:       {daemon.url}/api/v1/diagnoses\n"
+                f"  diagnoses:       {daemon.url}/api/v1/diagnoses\n{logged}"
             )
         scroll = _Scroll(self, out)
         while not task.done() and not stop.is_set() and self.sim_t < self.total:
             await asyncio.sleep(REDRAW_S)
+            before = self.speed
+            self.keep_pace()
+            if self.speed != before and not interactive:
+                out(
+                    f"  (the host is not keeping up at {before:g}x, so far "
+                    f"{self.pacer.slowdowns[-1].strain.said()}: the scenario's clock now "
+                    f"runs at {self.speed:g}x; judged in its seconds as before)"
+                )
             if interactive:
                 out(CLEAR + self.screen())
             else:
@@ -357,7 +425,12 @@ class _Demo:
         """What the receiver got, per target, as the self-check reads it."""
         received = self.sink.received
         res = LiveDemoResult(
-            delivered=len(received), interrupted=self.interrupted, speed=self.speed
+            delivered=len(received),
+            interrupted=self.interrupted,
+            speed=self.pacer.asked,
+            pacer=self.pacer,
+            strain=self.strain(),
+            log_file=self.log_file,
         )
         res.first_payload = received[0] if received else None
         res.received = list(received)

@@ -34,6 +34,7 @@ import hashlib
 import hmac
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -42,7 +43,6 @@ from tenacity import (
     AsyncRetrying,
     RetryCallState,
     retry_if_exception_type,
-    stop_after_delay,
     wait_exponential_jitter,
 )
 
@@ -96,12 +96,25 @@ def _first(notes: list[Notification]) -> list[str]:
 
 
 class Delivery:
-    """The queue and worker of one receiver."""
+    """The queue and worker of one receiver.
+
+    ``clock`` (monotonic seconds) and ``sleep`` time the retries: how long a notification
+    has been tried, and the wait before the next attempt. Tests hand in a fake pair, so
+    that the retry schedule is checked exactly, whatever the machine's speed.
+    """
 
     def __init__(
-        self, receiver: Receiver, client: httpx.AsyncClient, store: StateStore | None = None
+        self,
+        receiver: Receiver,
+        client: httpx.AsyncClient,
+        store: StateStore | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.receiver = receiver
+        self._clock = clock
+        self._sleep = sleep
         self.name = receiver.name
         self.settings = settings = receiver.settings
         self.stats = ReceiverStats()
@@ -269,10 +282,16 @@ class Delivery:
         )
 
     async def _deliver(self, n: Notification) -> None:
-        started = time.monotonic()
+        started = self._clock()
+
+        def given_up(state: RetryCallState) -> bool:
+            # tenacity's stop_after_delay reads time.monotonic itself; this reads ours.
+            return self._clock() - started >= self.settings.retry_for_seconds
+
         retrying = AsyncRetrying(
-            stop=stop_after_delay(self.settings.retry_for_seconds),
+            stop=given_up,
             wait=self._wait_for,
+            sleep=self._sleep,
             retry=retry_if_exception_type(RetryableError),
             before_sleep=self._before_sleep,
             reraise=True,
@@ -289,7 +308,7 @@ class Delivery:
                 receiver=self.name,
                 what=n.what,
                 err=str(exc),
-                gave_up_after_s=round(time.monotonic() - started, 1),
+                gave_up_after_s=round(self._clock() - started, 1),
             )
             return
         self.stats.sent += 1
@@ -298,7 +317,7 @@ class Delivery:
             "notification_sent",
             receiver=self.name,
             what=n.what,
-            took_s=round(time.monotonic() - started, 3),
+            took_s=round(self._clock() - started, 3),
         )
 
     async def _post(self, n: Notification) -> None:

@@ -11,6 +11,11 @@ The scenario's last phase goes on for as long as the server runs
 back to t = 0 was the alternative; it would reset every counter, which a scraper reads
 as a server restart. ``until_s`` ends the run after that many simulated seconds.
 
+Virtual time is a ``Pace``: ``speed`` virtual seconds per wall second, a speed that may be
+lowered while it runs (the live demo slows itself on a host that cannot keep up) with
+virtual time going on from where it was. Several servers, and the demo's daemon, may
+share one ``Pace``, so that they all see one time.
+
 Only the standard library serves (``http.server``); requests are handled on threads, and
 one lock guards the simulation, which is not thread-safe.
 """
@@ -42,8 +47,45 @@ log = structlog.get_logger("vllm_triage.simulate")
 StopReason = Literal["signal", "duration"]
 
 
+class Pace:
+    """Virtual seconds since it was made, running ``speed`` times faster than ``clock``.
+
+    ``set_speed`` changes the rate from now on; virtual time goes on from where it was,
+    never jumping, so that whatever reads it (a simulation, a daemon's clock) sees one
+    continuous time. Reading is lock-free (one tuple, swapped whole), from any thread.
+    """
+
+    def __init__(self, speed: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if speed <= 0:
+            raise ValueError("speed must be > 0")
+        self._clock = clock
+        self._lock = threading.Lock()
+        #: (clock at the last change, virtual seconds then, speed since).
+        self._since = (clock(), 0.0, speed)
+
+    @property
+    def speed(self) -> float:
+        return self._since[2]
+
+    def __call__(self) -> float:
+        at, virtual, speed = self._since
+        return virtual + (self._clock() - at) * speed
+
+    def set_speed(self, speed: float) -> None:
+        if speed <= 0:
+            raise ValueError("speed must be > 0")
+        with self._lock:
+            now = self._clock()
+            at, virtual, old = self._since
+            self._since = (now, virtual + (now - at) * old, speed)
+
+
 class LiveSimulation:
-    """A ``Simulation`` that follows a clock, safe to call from several threads."""
+    """A ``Simulation`` that follows a clock, safe to call from several threads.
+
+    Its virtual time is ``pace`` (shared), else a ``Pace`` of its own at ``speed`` on
+    ``clock``. ``behind`` counts the pacing loop's steps that could not keep up.
+    """
 
     def __init__(
         self,
@@ -54,21 +96,24 @@ class LiveSimulation:
         until_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        pace: Pace | None = None,
     ) -> None:
-        if speed <= 0:
-            raise ValueError("speed must be > 0")
+        self.pace = pace if pace is not None else Pace(speed, clock)
         self.scenario = scenario
-        self.speed = speed
         self.naming: Naming = naming
         self.until_s = until_s
         self.scrapes = 0
+        self.behind = 0
         self._sim = Simulation(hold_last_phase(scenario))
-        self._clock = clock
         self._lock = threading.Lock()
         self._t = 0.0
-        self._started = clock()
         #: The unix time of t = 0, for V1's ``_created`` gauges (as a process start).
         self.created_at = wall()
+
+    @property
+    def speed(self) -> float:
+        """Virtual seconds per wall second, now."""
+        return self.pace.speed
 
     @property
     def t(self) -> float:
@@ -80,7 +125,7 @@ class LiveSimulation:
         return self.until_s is not None and self._t >= self.until_s
 
     def _advance_locked(self) -> float:
-        t = (self._clock() - self._started) * self.speed
+        t = self.pace()
         if self.until_s is not None:
             t = min(t, self.until_s)
         t = max(t, self._t)  # never backwards, whatever the clock does
@@ -166,8 +211,9 @@ class SimulatedServer:
         speed: float,
         naming: Naming,
         until_s: float | None = None,
+        pace: Pace | None = None,
     ) -> None:
-        self.live = LiveSimulation(scenario, speed=speed, naming=naming, until_s=until_s)
+        self.live = LiveSimulation(scenario, speed=speed, naming=naming, until_s=until_s, pace=pace)
         self._http = _Server((host, port), _Handler)
         self._http.live = self.live
 
@@ -213,6 +259,8 @@ class SimulatedServer:
                     break
                 spent = time.monotonic() - started
                 behind = spent > PACE_S and (live.t - before) / spent < live.speed
+                if behind:
+                    live.behind += 1
                 if behind and not warned:
                     warned = True
                     log.warning("simulate_falling_behind", speed=live.speed, step_s=spent)
