@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support.clirun import COMMAND, vllm_triage
+from support.clirun import COMMAND, HANG_S, vllm_triage
 from support.paths import SCENARIO_FIXTURES
 
 CARD_SWAP = SCENARIO_FIXTURES / "tour-card-swap.yaml"
@@ -49,7 +49,6 @@ class TestDemo:
             "--listen",
             "127.0.0.1:0",
             cwd=tmp_path,
-            timeout=300,
             env={"TMPDIR": str(tmp_path)},
         )
         assert result.returncode == 0, result.stdout + result.stderr
@@ -68,6 +67,7 @@ class TestDemo:
         assert kept is not None and Path(kept.group(1)) == report.parent
         assert float(kept.group(2)) > 0 and "delete it when done" in out
         assert sorted(p.name for p in report.parent.iterdir()) == [
+            "demo.log",
             "tour",
             "tour-report.html",
             "tour-settings.yaml",
@@ -88,6 +88,9 @@ class TestDemo:
         assert first["version"] == "4" and first["status"] == "firing"
         assert first["alerts"][0]["labels"]["diagnosis"] == "prefill_bound"
         assert "Traceback" not in result.stderr
+        # The log lines went to the demo's log file, named, not between its lines.
+        assert f"  log:             {report.parent}/demo.log" in out
+        assert '"event":' not in out + result.stderr
 
     def test_offline_tour_is_as_built(self, tmp_path: Path) -> None:
         """`demo --offline --scenario tour`: the whole tour, judged by the same check."""
@@ -112,7 +115,8 @@ class TestDemo:
 
     def test_keep_running_serves_until_ctrl_c(self, tmp_path: Path) -> None:
         """--keep-running: after its verdict the demo's URLs still answer; Ctrl-C stops it
-        with the verdict's exit code."""
+        with the verdict's exit code: 0 as built, or 3 where the host was too busy to
+        judge (the verdict itself is the e2e tier's, and test_demo_pacing.py's)."""
         proc = subprocess.Popen(
             [
                 *(str(COMMAND), "demo", "--scenario", "kv_pressure", "--duration", "60"),
@@ -126,26 +130,27 @@ class TestDemo:
         try:
             assert proc.stdout is not None
             lines = []
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                line = proc.stdout.readline()
+            for line in proc.stdout:  # to its verdict (a hang: the guard below)
                 lines.append(line)
-                if line.startswith("Still serving") or not line:
+                if line.startswith("Still serving"):
                     break
             text = "".join(lines)
-            assert "kv_pressure: as built" in text, text
+            verdict = re.search(r"^kv_pressure: (as built|could not judge)", text, re.M)
+            assert verdict, text
             url = re.search(r"(http://127\.0\.0\.1:\d+)/metrics", lines[-1])
             assert url, text
             time.sleep(1.0)  # the daemon keeps scraping the held last phase
-            got = httpx.get(url.group(1) + "/api/v1/diagnoses", timeout=5).json()
+            got = httpx.get(url.group(1) + "/api/v1/diagnoses", timeout=HANG_S).json()
             assert got["targets"][0]["target"] == "kv_pressure"
             proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=HANG_S)
         finally:
             if proc.poll() is None:
                 proc.kill()
-        assert proc.returncode == 0, err
+        assert proc.returncode == {"as built": 0, "could not judge": 3}[verdict[1]], err
         assert "stopped." in out and "Traceback" not in err
+        # Its log lines (a busy host's scrape_skipped among them) are in its log file.
+        assert '"event":' not in text + out + err and "  log:  " in text
 
     def test_ctrl_c_says_interrupted_and_exits_130(self, tmp_path: Path) -> None:
         proc = subprocess.Popen(
@@ -157,12 +162,11 @@ class TestDemo:
         )
         try:
             assert proc.stdout is not None
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                if "now playing" in proc.stdout.readline():
+            for line in proc.stdout:
+                if "now playing" in line:
                     break
             proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=HANG_S)
         finally:
             if proc.poll() is None:
                 proc.kill()

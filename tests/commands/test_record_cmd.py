@@ -11,26 +11,21 @@ from support.localserver import replies, serving
 
 class TestRecord:
     def test_record_a_local_server(self, tmp_path: Path) -> None:
-        """`record` saves scrapes of a server on 127.0.0.1 and stops after --duration."""
+        """`record` saves scrapes of a server on 127.0.0.1 and stops after --duration: a
+        file per scrape, at most one per tick of the 0.2 s interval (a busy machine skips
+        ticks; the schedule itself is tested on a fake clock in test_record.py). The
+        per-scrape timeout is set apart from the interval, not under test here."""
         body = b'vllm:num_requests_running{model_name="m"} 1.0\n'
         with serving(replies((200, body))) as srv:
             url = srv.url("/metrics")
             result = vllm_triage(
-                "record",
-                url,
-                "--out",
-                "rec",
-                "--interval",
-                "0.2",
-                "--duration",
-                "0.9",
-                cwd=tmp_path,
-                timeout=30,
-            )
+                "record", url, "--out", "rec", "--interval", "0.2", "--duration", "0.9",
+                "--timeout", "30", cwd=tmp_path,
+            )  # fmt: skip
         files = sorted((tmp_path / "rec").glob("*.prom"))
         assert result.returncode == 0, result.stderr
-        assert 3 <= len(files) <= 6 and len(srv.requests) == len(files)
-        assert files[0].read_bytes() == body
+        assert 1 <= len(files) <= 5 and len(srv.requests) == len(files)
+        assert all(f.read_bytes() == body for f in files)
 
     def test_record_dead_target_exits_1(self, tmp_path: Path) -> None:
         """Recording a target that never answers writes nothing, logs why, and exits 1."""
@@ -46,7 +41,6 @@ class TestRecord:
             "--duration",
             "0.5",
             cwd=tmp_path,
-            timeout=30,
         )
         assert result.returncode == 1
         assert "cannot connect, nothing recorded" in result.stderr
@@ -59,7 +53,7 @@ class TestRecord:
             healthz = url.replace("/metrics", "/healthz")
             result = vllm_triage(
                 "record", healthz, "--out", "rec", "--interval", "0.2", "--duration", "0.5",
-                cwd=tmp_path, timeout=30,
+                "--timeout", "30", cwd=tmp_path,
             )  # fmt: skip
         assert result.returncode == 1
         assert "holds vLLM metrics" in result.stderr

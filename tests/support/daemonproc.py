@@ -28,11 +28,45 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from support.clirun import stop
 from support.localserver import Exchange, Handler
+from support.paths import ROOT
 from support.scenarios import recorded
 
-#: What every hostile probe must leave: /healthz within a second, under 300 MB.
-HEALTHZ_S = 1.0
+
+def _liveness() -> tuple[float, int]:
+    """The sidecar's liveness probe (deploy/kubernetes/sidecar-patch.yaml): how long one
+    /healthz may take, and how many in a row may fail before Kubernetes restarts it."""
+    patch = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "sidecar-patch.yaml").read_text())
+    [container] = [
+        c for c in patch["spec"]["template"]["spec"]["initContainers"] if "livenessProbe" in c
+    ]
+    probe = container["livenessProbe"]
+    return float(probe["timeoutSeconds"]), int(probe["failureThreshold"])
+
+
+#: What every hostile probe must leave: a daemon its liveness probe would not restart
+#: (``restarted``), under 300 MB.
+PROBE_TIMEOUT_S, PROBE_FAILURES = _liveness()
 RSS_MB = 300.0
+#: How long a test waits for the daemon to do what it waits for: a guard against a hang
+#: (or a daemon stuck for good, as a frozen event loop was), not a measure of speed.
+PATIENCE_S = 120.0
+#: The scrape timeout of these daemons unless a test sets its own: a scrape of a target
+#: on 127.0.0.1 that waits on a busy machine is late, not failed.
+SCRAPE_TIMEOUT_S = 30.0
+
+
+def restarted(latencies: list[float]) -> bool:
+    """Whether the liveness probe would have restarted the daemon: ``PROBE_FAILURES``
+    /healthz answers in a row slower than ``PROBE_TIMEOUT_S`` (or none). One slow answer
+    on a busy machine is not a freeze; a frozen event loop fails every probe."""
+    run = 0
+    for seconds in latencies:
+        run = run + 1 if seconds >= PROBE_TIMEOUT_S else 0
+        if run >= PROBE_FAILURES:
+            return True
+    return False
+
+
 #: The daemon's address space; an unbounded decompression or read dies against it.
 ADDRESS_SPACE = 3 * 2**30
 SECRET = "S3CRET"
@@ -72,7 +106,7 @@ class Daemon:
             self.url = f"http://{started[0]['listen']}"
         return bool(started)
 
-    def healthz(self, timeout: float = 3.0) -> float:
+    def healthz(self, timeout: float = PROBE_TIMEOUT_S) -> float:
         """Seconds /healthz took to answer 200 (infinity if it did not)."""
         started = time.monotonic()
         try:
@@ -90,7 +124,7 @@ class Daemon:
         return out
 
     def metrics(self) -> str:
-        return httpx.get(self.url + "/metrics", timeout=5).text
+        return httpx.get(self.url + "/metrics", timeout=PATIENCE_S).text
 
     def value(self, name: str, **labels: str) -> float:
         """A sample of the daemon's /metrics (0 when absent)."""
@@ -116,9 +150,10 @@ class Daemon:
         return out
 
     def api(self, path: str) -> Any:
-        return httpx.get(self.url + path, timeout=5).json()
+        return httpx.get(self.url + path, timeout=PATIENCE_S).json()
 
-    def until(self, check: Callable[[], bool], timeout: float) -> bool:
+    def until(self, check: Callable[[], bool], timeout: float = PATIENCE_S) -> bool:
+        """Whether ``check`` came true before the daemon exited or ``timeout`` passed."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -179,7 +214,8 @@ def run_daemon(
     # A state folder of its own: module-scoped runs start before the per-test one exists.
     state = {"state_dir": str(tmp_path / "state")}
     # Any free port: the daemon says which in its "started" line.
-    path.write_text(yaml.safe_dump({"listen": "127.0.0.1:0", **state, **config}))
+    defaults = {"listen": "127.0.0.1:0", "scrape_timeout_seconds": SCRAPE_TIMEOUT_S}
+    path.write_text(yaml.safe_dump({**defaults, **state, **config}))
     log_path = tmp_path / log_name
     log_path.write_bytes(b"")
     proc = subprocess.Popen(
@@ -196,8 +232,8 @@ def run_daemon(
     copier.start()
     d = Daemon(proc, "", log_path)
     try:
-        assert d.until(d.listening, timeout=30), "never started"
-        assert d.until(lambda: d.healthz(timeout=1) < 1, timeout=30), "never came up"
+        assert d.until(d.listening), "never started"
+        assert d.until(lambda: d.healthz() < PROBE_TIMEOUT_S), "never came up"
         yield d
     finally:
         stop(proc)
@@ -229,9 +265,10 @@ def failures(d: Daemon, name: str, reason: str) -> float:
     return d.value("vllm_triage_scrape_failures_total", target=name, reason=reason)
 
 
-def cli(*args: str, timeout: float = 30) -> tuple[int, str, float, float]:
+def cli(*args: str, timeout: float = PATIENCE_S) -> tuple[int, str, float, float]:
     """``vllm-triage ARGS`` in a process of its own: (exit code, stdout and stderr,
-    seconds, peak RSS in MB), killed after ``timeout``."""
+    seconds, peak RSS in MB), killed after ``timeout`` (exit code -9): a guard against a
+    hang (a FIFO read for ever), not a measure: the seconds are for ``figure``."""
     wrapper = (
         "import resource, subprocess, sys, time\n"
         f"resource.setrlimit(resource.RLIMIT_AS, ({ADDRESS_SPACE}, {ADDRESS_SPACE}))\n"
