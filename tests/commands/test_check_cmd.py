@@ -10,7 +10,6 @@ import pty
 import re
 import select
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ from vllm_triage.commands import check as check_command
 from vllm_triage.commands.check import check
 from vllm_triage.simulator import get_scenario
 
-from support.clirun import COMMAND, vllm_triage
+from support.clirun import COMMAND, HANG_S, vllm_triage
 from support.clock import FakeClock
 from support.harness import metrics_url, refused_port, simulated, simulated_on
 from support.localserver import replies, serving
@@ -103,20 +102,18 @@ class TestCheck:
                 monkeypatch, capsys, clock,
                 url, "--window", "2", "--scrapes", "3", "--config", str(cfg),
             )  # fmt: skip
-            took = clock() - started
+            waited = clock() - started  # fake seconds: the schedule, not the machine
         assert code == 1, out
         assert "stalled (confidence" in out
         assert re.search(r"engine made no progress for \d+ s with \d+ requests running", out)
         assert "fix: Take a stack dump" in out
-        assert took < 20
+        assert waited < 20
 
     def test_a_refused_port_cannot_tell_at_once_exit_3(self, tmp_path: Path) -> None:
         """Refused: said once, at once (not after the 15 s window), exit 3 ("cannot tell"),
         distinct from 2 (a usage error)."""
         url = f"http://127.0.0.1:{refused_port()}/metrics"
-        began = time.monotonic()
         result = vllm_triage("check", url, cwd=tmp_path)
-        assert time.monotonic() - began < 10
         assert result.returncode == 3, result.stdout + result.stderr
         assert "cannot tell" in result.stdout
         assert result.stdout.count("Connection refused") == 1
@@ -132,7 +129,7 @@ class TestCheck:
         with serving(replies((404, b'{"detail":"Not Found"}'))) as srv:
             url = srv.url("/metrics")
             base = url.removesuffix("/metrics")
-            result = vllm_triage("check", base, cwd=tmp_path, timeout=30)
+            result = vllm_triage("check", base, cwd=tmp_path)
         assert result.returncode == 3
         assert f"HTTP 404 from {base}: vLLM serves its metrics at /metrics: try {url}" in (
             result.stdout
@@ -142,7 +139,7 @@ class TestCheck:
         with serving(replies((200, b"ok"))) as srv:
             url = srv.url("/metrics")
             healthz = url.replace("/metrics", "/healthz")
-            result = vllm_triage("check", healthz, cwd=tmp_path, timeout=30)
+            result = vllm_triage("check", healthz, cwd=tmp_path)
         assert result.returncode == 3
         assert f"{healthz} did not answer with Prometheus metrics" in result.stdout
         assert f"try {url}" in result.stdout
@@ -170,7 +167,7 @@ class TestCheck:
                 stdout=subprocess.PIPE,
                 stderr=follower,
                 text=True,
-                timeout=60,
+                timeout=HANG_S,
                 check=False,
             )
         os.close(follower)

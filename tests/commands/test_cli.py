@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support.clirun import COMMAND, vllm_triage
+from support.clirun import COMMAND, HANG_S, vllm_triage
 from support.paths import PACKAGE, ROOT
 
 
@@ -49,7 +49,7 @@ def closed_early(*args: str, cwd: Path) -> tuple[int, str]:
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()
     err = proc.stderr.read().decode()
-    return proc.wait(timeout=120), err
+    return proc.wait(timeout=HANG_S), err
 
 
 class TestPipes:
@@ -76,7 +76,7 @@ class TestPipes:
             cwd=tmp_path,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=HANG_S,
             check=False,
         )
         assert done.returncode == 0 and done.stderr == "", done.stderr
@@ -129,7 +129,7 @@ class TestVersion:
         repo = ROOT
         clone = tmp_path / "clone"
         git = ["git", "-c", "advice.detachedHead=false"]
-        subprocess.run([*git, "clone", "-q", str(repo), str(clone)], check=True, timeout=120)
+        subprocess.run([*git, "clone", "-q", str(repo), str(clone)], check=True, timeout=HANG_S)
         head = subprocess.run(
             ["git", "-C", str(clone), "rev-parse", "--short=12", "HEAD"],
             capture_output=True,
@@ -149,7 +149,7 @@ class TestVersion:
                 str(clone),
             ],
             check=True,
-            timeout=300,
+            timeout=HANG_S,
             capture_output=True,
         )
         [wheel] = tmp_path.glob("vllm_triage-*.whl")
@@ -211,7 +211,7 @@ class TestMisspeltVariables:
             env=env,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=HANG_S,
             check=False,
         )
         assert result.returncode == 2

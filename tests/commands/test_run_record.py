@@ -50,7 +50,7 @@ def test_run_record_keeps_the_daemons_scrapes_for_report(tmp_path: Path) -> None
     files = sorted(folder.glob("*.prom"))
     assert 3 <= len(files) <= served
     assert all(p.read_bytes() == BODY for p in files)
-    report = vllm_triage("report", "rec/local", "--out", "local.html", cwd=tmp_path, timeout=120)
+    report = vllm_triage("report", "rec/local", "--out", "local.html", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert (tmp_path / "local.html").stat().st_size > 0
 

@@ -24,7 +24,7 @@ from vllm_triage.core.parse import parse_snapshot
 from vllm_triage.simulator import get_scenario
 from vllm_triage.simulator.serve import CONTENT_TYPE, LiveSimulation
 
-from support.clirun import spawn, stderr_lines, vllm_triage, wait_for_event
+from support.clirun import HANG_S, spawn, stderr_lines, vllm_triage, wait_for_event
 from support.harness import free_port
 from support.paths import BUNDLED_SCENARIOS
 
@@ -206,11 +206,12 @@ class TestServe:
             tmp_path, "simulate", "--scenario", "tour", "--port", str(port), "--speed", "60"
         )
         try:
-            started = wait_for_event(proc, "simulate_serving", 15)
+            started = wait_for_event(proc, "simulate_serving", HANG_S)
             assert (started["port"], started["scenario"], started["speed"]) == (port, "tour", 60.0)
             base = f"http://127.0.0.1:{port}"
             bodies: list[str] = []
-            with httpx.Client(timeout=5.0) as client:  # 7 requests in all, ~2 s
+            # 7 requests in all, ~2 s; each may wait for a busy machine to simulate.
+            with httpx.Client(timeout=HANG_S) as client:
                 for _ in range(4):
                     resp = client.get(f"{base}/metrics")
                     assert resp.status_code == 200
@@ -232,8 +233,8 @@ class TestServe:
                 assert old.keys() <= new.keys()
                 assert all(new[k] >= v for k, v in old.items()), "a counter went back"
             proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=10) == 0
-            rest = "".join(stderr_lines(proc, time.monotonic() + 5))
+            assert proc.wait(timeout=HANG_S) == 0
+            rest = "".join(stderr_lines(proc, time.monotonic() + HANG_S))
             assert '"simulate_stopped"' in rest and '"signal"' in rest
         finally:
             if proc.poll() is None:
@@ -246,9 +247,9 @@ class TestServe:
             "--duration", "60", "--naming", "v0",
         )  # fmt: skip
         try:
-            started = wait_for_event(proc, "simulate_serving", 15)
+            started = wait_for_event(proc, "simulate_serving", HANG_S)
             assert started["port"] != 0  # the port the OS chose is reported
-            assert proc.wait(timeout=15) == 0
+            assert proc.wait(timeout=HANG_S) == 0
             rest = "".join(stderr_lines(proc, time.monotonic() + 5))
             assert '"duration"' in rest
         finally:
@@ -264,7 +265,7 @@ class TestServe:
             busy.listen()
             port = busy.getsockname()[1]
             result = vllm_triage(
-                "simulate", "--scenario", "healthy", "--port", str(port), cwd=tmp_path, timeout=30
+                "simulate", "--scenario", "healthy", "--port", str(port), cwd=tmp_path
             )
         assert result.returncode == 2
         assert result.stderr.strip() == (

@@ -54,7 +54,6 @@ def test_runs_on_every_committed_recording(tmp_path: Path, name: str) -> None:
         "--format",
         "json",
         cwd=tmp_path,
-        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
@@ -76,9 +75,7 @@ def test_runs_on_every_committed_recording(tmp_path: Path, name: str) -> None:
     ],
 )
 def test_a_bad_change_exits_2_naming_the_valid_keys(tmp_path: Path, change: str, says: str) -> None:
-    out = vllm_triage(
-        "whatif", str(RECORDINGS / "light"), "--change", change, cwd=tmp_path, timeout=60
-    )
+    out = vllm_triage("whatif", str(RECORDINGS / "light"), "--change", change, cwd=tmp_path)
     assert out.returncode == 2, out.stdout
     assert says in out.stderr
 
@@ -236,7 +233,7 @@ class TestTarget:
         assert doc["after"]["requests_waiting_mean"] < doc["before"]["requests_waiting_mean"]
 
     def test_neither_or_both_sources_is_a_usage_error(self, tmp_path: Path) -> None:
-        out = vllm_triage("whatif", cwd=tmp_path, timeout=60)
+        out = vllm_triage("whatif", cwd=tmp_path)
         assert out.returncode == 2 and "--target" in out.stderr
 
     def test_a_refused_port_exits_1(self, tmp_path: Path) -> None:
@@ -250,7 +247,6 @@ class TestTarget:
             "--interval",
             "0.5",
             cwd=tmp_path,
-            timeout=60,
         )
         assert out.returncode == 1, out.stderr
         assert "usable" in out.stderr

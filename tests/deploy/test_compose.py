@@ -16,6 +16,7 @@ import yaml
 from vllm_triage.cli import build_parser
 from vllm_triage.config.load import load_settings
 
+from support.clirun import HANG_S
 from support.paths import ROOT
 
 COMPOSE = ROOT / "deploy" / "compose"
@@ -173,7 +174,7 @@ def test_promtool_check_config(tmp_path: Path) -> None:
         [tool("promtool"), "check", "config", str(tmp_path / "prometheus.yml")],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -186,7 +187,7 @@ def test_amtool_check_config() -> None:
         [tool("amtool"), "check-config", str(COMPOSE / "alertmanager.yml")],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -20,6 +20,7 @@ import yaml
 from vllm_triage.config.load import load_settings
 from vllm_triage.serve.listener import split_listen
 
+from support.clirun import HANG_S
 from support.paths import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -57,7 +58,7 @@ def test_hadolint_is_clean() -> None:
         [hadolint(), "--format", "json", str(DOCKERFILE)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -40,6 +40,7 @@ from vllm_triage.serve.exporter import build_registry
 from vllm_triage.simulator import get_scenario
 from vllm_triage.state import ProbeStats, TargetState, View
 
+from support.clirun import HANG_S
 from support.paths import ROOT
 from support.scenarios import recorded
 
@@ -340,7 +341,7 @@ def check_rules(tmp_path: Path, rules: list[dict[str, str]]) -> subprocess.Compl
         [promtool(), "check", "rules", str(path)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
         check=False,
     )
 

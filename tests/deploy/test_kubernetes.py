@@ -36,6 +36,7 @@ from vllm_triage.render.templates import prometheusrule
 from vllm_triage.serve.listener import split_listen
 
 from support import smp
+from support.clirun import HANG_S
 from support.paths import ROOT
 
 KDIR = ROOT / "deploy" / "kubernetes"
@@ -168,7 +169,7 @@ class TestValidate:
             [kubernetes_validate(), "--strict", "-k", KUBERNETES_VERSION, *map(str, files)],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=HANG_S,
             check=False,
         )
         out = result.stdout + result.stderr
@@ -222,7 +223,7 @@ class TestValidate:
             [binary, "check", "rules", str(rules)],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=HANG_S,
             check=False,
         )
         assert result.returncode == 0, result.stdout + result.stderr
@@ -508,7 +509,7 @@ class TestFleet:
             ],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=HANG_S,
             check=False,
         )
         out = result.stdout + result.stderr

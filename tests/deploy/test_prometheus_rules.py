@@ -11,6 +11,7 @@ import yaml
 
 from vllm_triage.rules import read_bundled
 
+from support.clirun import HANG_S
 from support.rule_tests import NAMINGS, RULES_DIR, TESTS_DIR, path_for, render
 
 RULES = RULES_DIR / "vllm-triage.rules.yaml"
@@ -21,7 +22,7 @@ def promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
     if binary is None:
         pytest.fail("promtool not found: install Debian's prometheus package")
     return subprocess.run(
-        [binary, *args], capture_output=True, text=True, timeout=300, check=False, cwd=cwd
+        [binary, *args], capture_output=True, text=True, timeout=HANG_S, check=False, cwd=cwd
     )
 
 

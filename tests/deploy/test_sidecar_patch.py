@@ -32,7 +32,7 @@ from vllm_triage.config.load import load_settings, service_links
 from vllm_triage.render.sidecar import FILES, IMAGE_REPOSITORY, Sidecar, image_of, render
 
 from support import smp
-from support.clirun import vllm_triage
+from support.clirun import HANG_S, vllm_triage
 from support.paths import ROOT
 
 KDIR = ROOT / "deploy" / "kubernetes"
@@ -370,7 +370,7 @@ def kubectl_run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProc
         [kubectl_binary(), *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         check=False,
         cwd=cwd,
         env=env,

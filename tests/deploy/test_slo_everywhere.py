@@ -26,6 +26,7 @@ from vllm_triage.render import templates
 from vllm_triage.render.templates import Objectives, dashboard, number, prometheusrule, rules
 from vllm_triage.serve.exporter import build_registry
 
+from support.clirun import HANG_S
 from support.harness import refused_port, running_daemon
 from support.paths import PACKAGE, ROOT
 
@@ -326,7 +327,7 @@ def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     if binary is None:
         pytest.fail("promtool not found: install Debian's prometheus package")
     return subprocess.run(
-        [binary, *args], capture_output=True, text=True, timeout=120, check=False, cwd=cwd
+        [binary, *args], capture_output=True, text=True, timeout=HANG_S, check=False, cwd=cwd
     )
 
 

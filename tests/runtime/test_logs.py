@@ -17,7 +17,7 @@ import structlog
 from vllm_triage.logs import Throttle, configure
 from vllm_triage.simulator import get_scenario
 
-from support.clirun import COMMAND
+from support.clirun import COMMAND, HANG_S
 from support.harness import metrics_url, refused_port, simulated
 
 EVIDENCE = {
@@ -95,9 +95,10 @@ class TestJson:
         assert record["confidence"] == 1.0 and record["diagnosis"] == "kv_pressure"
 
 
-def run_into_a_terminal(tmp_path: Path, env: dict[str, str], seconds: float) -> str:
+def run_into_a_terminal(tmp_path: Path, env: dict[str, str], seconds: float = HANG_S) -> str:
     """`vllm-triage run` against a simulated KV-pressure server, its stderr a terminal,
-    for ``seconds``; what the terminal showed."""
+    until it shows an incident (or ``seconds``, a guard against a hang); what the
+    terminal showed."""
     leader, follower = pty.openpty()
     with simulated(get_scenario("kv_pressure"), speed=30.0) as sim:
         time.sleep(1.0)  # 30 simulated seconds: the pool is filling
@@ -110,7 +111,8 @@ def run_into_a_terminal(tmp_path: Path, env: dict[str, str], seconds: float) -> 
             cwd=tmp_path,
             stdout=subprocess.DEVNULL,
             stderr=follower,
-            env={**os.environ, **env},
+            # A scrape that waits on a busy machine is late, not failed (not under test).
+            env={**os.environ, **env, "VLLM_TRIAGE_SCRAPE_TIMEOUT_SECONDS": "30"},
         )
         shown = b""
         deadline = time.monotonic() + seconds
@@ -125,7 +127,7 @@ def run_into_a_terminal(tmp_path: Path, env: dict[str, str], seconds: float) -> 
             # Killed, not terminated: a SIGTERM would spend shutdown_grace_seconds (10 s)
             # trying to deliver the firing to the webhook that refuses it.
             proc.kill()
-            proc.wait(timeout=30)
+            proc.wait(timeout=HANG_S)
             os.close(follower)
             os.close(leader)
     return shown.decode(errors="replace")
@@ -134,13 +136,13 @@ def run_into_a_terminal(tmp_path: Path, env: dict[str, str], seconds: float) -> 
 class TestTheDaemonOnATerminal:
     def test_an_incident_in_colour_summary_first(self, tmp_path: Path) -> None:
         env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
-        text = run_into_a_terminal(tmp_path, {**env, "TERM": "xterm"}, 30)
+        text = run_into_a_terminal(tmp_path, {**env, "TERM": "xterm"})
         line = next(x for x in text.splitlines() if "FIRING" in x)
         assert "\x1b[31mFIRING" in line and "kv_pressure on kv" in line, text[-2000:]
         assert "KV cache ran out" in line
 
     def test_no_color_from_the_installed_command(self, tmp_path: Path) -> None:
-        text = run_into_a_terminal(tmp_path, {"NO_COLOR": "1"}, 30)
+        text = run_into_a_terminal(tmp_path, {"NO_COLOR": "1"})
         assert "FIRING" in text, text[-2000:]
         assert "\x1b[" not in text
 

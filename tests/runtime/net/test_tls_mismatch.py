@@ -69,9 +69,7 @@ def test_a_body_cut_short_is_not_taken_for_tls() -> None:
 
 def test_check_says_it_too(tmp_path: Path) -> None:
     with serving(replies((200, BODY))) as srv:
-        result = vllm_triage(
-            "check", f"https://127.0.0.1:{srv.port}/metrics", cwd=tmp_path, timeout=60
-        )
+        result = vllm_triage("check", f"https://127.0.0.1:{srv.port}/metrics", cwd=tmp_path)
     assert result.returncode != 0
     assert "answered plain HTTP to an https:// URL" in result.stderr + result.stdout
     assert f"use http://127.0.0.1:{srv.port}/metrics" in result.stderr + result.stdout

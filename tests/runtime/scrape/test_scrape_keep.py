@@ -22,6 +22,7 @@ from vllm_triage.scrape.keep import ScrapeKeeper
 from vllm_triage.serve.exporter import build_registry
 
 from support.captures import fixture_text
+from support.clirun import HANG_S
 from support.harness import running_daemon, wait_for
 from support.localserver import Exchange, serving
 
@@ -86,7 +87,7 @@ def test_a_disk_that_refuses_writes_costs_the_recording_not_the_scrapes(
         running_daemon(settings(srv.url("/metrics"), tmp_path)) as d,
     ):
         state = d.scrapers[0].target.state
-        wait_for(lambda: state.scrapes >= 4 and state.up, timeout=20)
+        wait_for(lambda: state.scrapes >= 4 and state.up, timeout=HANG_S)
         metrics = httpx.get(f"{d.url}/metrics", timeout=5).text
     assert state.recording is not None and state.recording.failures["disk"] >= 3
     assert state.recording.written == 0 and state.up and not state.failures

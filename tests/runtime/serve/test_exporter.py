@@ -33,6 +33,7 @@ from vllm_triage.serve.status import live_document
 from vllm_triage.state import ProbeStats, TargetState
 from vllm_triage.store import Notification
 
+from support.clirun import HANG_S
 from support.watched import MODEL, watched
 
 P = "vllm_triage_"
@@ -376,7 +377,7 @@ def promtool_findings(text: str) -> tuple[int, list[str]]:
         input=text,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
         check=False,
     )
     findings = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]

@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 
+from support.clirun import HANG_S
 from support.golden_metrics import GOLDEN, render
 from support.paths import ROOT
 
@@ -49,7 +50,7 @@ def test_promtool_finds_nothing_in_the_golden_file() -> None:
         input=GOLDEN.read_text(encoding="utf-8"),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=HANG_S,
         check=False,
     )
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
