@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,10 +59,47 @@ def own_state_home(
 #: simulations, the installed command in subprocesses), first.
 FIRST = ("system", "diagnosis", "commands", "simulator")
 
+#: What a test module uses that makes its tests ``timing`` ones: the wall clock, sockets,
+#: threads, processes, and the helpers that start servers, daemons and commands.
+TIMING_MODULES = frozenset(
+    {
+        "time",
+        "socket",
+        "selectors",
+        "subprocess",
+        "threading",
+        "pty",
+        "support.browser",
+        "support.clirun",
+        "support.daemonproc",
+        "support.harness",
+        "support.localserver",
+        "support.receiver",
+    }
+)
 
+
+def touches_timing(module: object) -> bool:
+    """Whether a test module imports one of ``TIMING_MODULES`` (or a name from one)."""
+    for value in vars(module).values():
+        name = getattr(value, "__name__", None) if inspect.ismodule(value) else None
+        name = name or getattr(value, "__module__", None)
+        if name in TIMING_MODULES:
+            return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)  # marked before -m selects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first: the parallel run hands out whole files in collection order, so a
-    long file collected last would run alone at the end while the other workers idle."""
+    """Mark ``timing`` the tests of modules that touch the wall clock, sockets or
+    processes (``touches_timing``): CI runs them a second time beside busy processes.
+    Then longest first: the parallel run hands out whole files in collection order, so
+    a long file collected last would run alone at the end while the other workers idle."""
+    verdicts: dict[object, bool] = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and verdicts.setdefault(module, touches_timing(module)):
+            item.add_marker(pytest.mark.timing)
 
     def rank(item: pytest.Item) -> int:
         folder = item.path.relative_to(TESTS).parts[0]
