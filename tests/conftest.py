@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,8 +60,9 @@ def own_state_home(
 #: simulations, the installed command in subprocesses), first.
 FIRST = ("system", "diagnosis", "commands", "simulator")
 
-#: What a test module uses that makes its tests ``timing`` ones: the wall clock, sockets,
-#: threads, processes, and the helpers that start servers, daemons and commands.
+#: What makes a test a ``timing`` one when it uses it (in its body, its fixtures, or the
+#: helpers of its own module it calls): the wall clock, sockets, threads, processes, and
+#: what starts servers, daemons, commands or the live demo.
 TIMING_MODULES = frozenset(
     {
         "time",
@@ -75,30 +77,75 @@ TIMING_MODULES = frozenset(
         "support.harness",
         "support.localserver",
         "support.receiver",
+        "vllm_triage.demo.live",
+        "vllm_triage.simulator.serve",
     }
 )
 
 
-def touches_timing(module: object) -> bool:
-    """Whether a test module imports one of ``TIMING_MODULES`` (or a name from one)."""
-    for value in vars(module).values():
-        name = getattr(value, "__name__", None) if inspect.ismodule(value) else None
-        name = name or getattr(value, "__module__", None)
-        if name in TIMING_MODULES:
-            return True
+def _is_timing(value: object) -> bool:
+    name = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", None)
+    return name in TIMING_MODULES
+
+
+def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    """A function's code and the code of the lambdas and functions inside it."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+def _followed(value: object) -> bool:
+    """A helper of the tests' own (a test module's, or ``support``'s): looked into."""
+    module = str(getattr(value, "__module__", ""))
+    return module.startswith(("support.", "test_", "tests.", "conftest"))
+
+
+def touches_timing(func: object, seen: set[types.CodeType] | None = None) -> bool:
+    """Whether ``func`` uses, by a global name, something of ``TIMING_MODULES``, or calls
+    a helper of the tests' own that does (followed, once each; classes by their methods)."""
+    seen = set() if seen is None else seen
+    func = inspect.unwrap(func)  # type: ignore[arg-type]  # a contextmanager's own code
+    if inspect.isclass(func):
+        return any(touches_timing(m, seen) for m in vars(func).values() if callable(m))
+    code = getattr(func, "__code__", None)
+    if code is None or code in seen:
+        return False
+    seen.add(code)
+    module_globals = getattr(func, "__globals__", {})
+    for inner in _codes(code):
+        for name in inner.co_names:
+            value = module_globals.get(name)
+            if value is None:
+                continue
+            if _is_timing(value):
+                return True
+            if _followed(value) and touches_timing(value, seen):
+                return True
     return False
+
+
+def _item_touches_timing(item: pytest.Item) -> bool:
+    """The test's function, and every fixture it uses."""
+    funcs = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(item, "fixturenames", ()):
+        defs = info.name2fixturedefs.get(name) if info is not None else None
+        if defs:
+            funcs.append(defs[-1].func)
+    seen: set[types.CodeType] = set()
+    return any(touches_timing(f, seen) for f in funcs if f is not None)
 
 
 @pytest.hookimpl(tryfirst=True)  # marked before -m selects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``timing`` the tests of modules that touch the wall clock, sockets or
-    processes (``touches_timing``): CI runs them a second time beside busy processes.
-    Then longest first: the parallel run hands out whole files in collection order, so
-    a long file collected last would run alone at the end while the other workers idle."""
-    verdicts: dict[object, bool] = {}
+    """Mark ``timing`` the tests that touch the wall clock, sockets, threads or processes
+    (``touches_timing``): CI runs them a second time beside busy processes. Then longest
+    first: the parallel run hands out whole files in collection order, so a long file
+    collected last would run alone at the end while the other workers idle."""
     for item in items:
-        module = getattr(item, "module", None)
-        if module is not None and verdicts.setdefault(module, touches_timing(module)):
+        if _item_touches_timing(item):
             item.add_marker(pytest.mark.timing)
 
     def rank(item: pytest.Item) -> int:

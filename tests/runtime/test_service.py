@@ -4,9 +4,13 @@ daemon/vllm_triage/scrape/loop.py, daemon/vllm_triage/target.py), against misbeh
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
+import pytest
 import structlog
 
+from vllm_triage.assemble import build_daemon
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import Settings
 from vllm_triage.simulator import get_scenario
@@ -68,6 +72,32 @@ class TestScheduling:
         assert slow_state.failures["timeout"] >= 1
         assert 'vllm_triage_scrape_skipped_total{target="slow"}' in metrics
         assert 'vllm_triage_scrape_failures_total{reason="timeout",target="slow"}' in metrics
+
+    def test_a_new_interval_reschedules_every_scrape_and_nothing_else(self) -> None:
+        """``set_interval`` (the live demo, slowing its clock): each target's scrape job
+        takes the new interval; the notifier's tick is not a scrape and keeps its own."""
+
+        async def run() -> dict[str, float]:
+            daemon = build_daemon(
+                settings_for(
+                    ("a", f"http://127.0.0.1:{refused_port()}/metrics"),
+                    ("b", f"http://127.0.0.1:{refused_port()}/metrics"),
+                )
+            )
+            with pytest.raises(RuntimeError, match="not running"):
+                daemon.set_interval(1.0)
+            stop = asyncio.Event()
+            task = asyncio.create_task(daemon.run(stop))
+            while not daemon.ready:
+                await asyncio.sleep(0.01)
+            daemon.set_interval(1.2)
+            assert daemon._scheduler is not None
+            jobs = {j.id: j.trigger.interval.total_seconds() for j in daemon._scheduler.get_jobs()}
+            stop.set()
+            await task
+            return jobs
+
+        assert asyncio.run(run()) == {"scrape:a": 1.2, "scrape:b": 1.2, "notifier": 1.0}
 
 
 class TestFailures:

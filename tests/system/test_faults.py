@@ -23,6 +23,7 @@ from vllm_triage.config.schema import Settings
 from vllm_triage.serve.exporter import DIAGNOSES
 from vllm_triage.simulator import Phase, Scenario, get_scenario
 
+from support.clirun import HANG_S
 from support.harness import (
     Answer,
     metrics_url,
@@ -93,12 +94,12 @@ def test_a_bad_target_is_counted_logged_and_recovers(bad: dict[str, Any], reason
         running_daemon(settings_for(url)) as daemon,
     ):
         state = daemon.targets[0].state
-        wait_for(lambda: state.failures[reason] >= 2, timeout=20)
-        down = httpx.get(daemon.url + "/metrics", timeout=5).text
+        wait_for(lambda: state.failures[reason] >= 2, timeout=HANG_S)
+        down = httpx.get(daemon.url + "/metrics", timeout=HANG_S).text
         # The target heals: same URL, a good answer.
         answer.delay, answer.status, answer.truncate, answer.body = 0.0, 200, False, GOOD
-        wait_for(lambda: state.up, timeout=20)
-        healthz = httpx.get(daemon.url + "/healthz", timeout=5).status_code
+        wait_for(lambda: state.up, timeout=HANG_S)
+        healthz = httpx.get(daemon.url + "/healthz", timeout=HANG_S).status_code
     assert metric(down, "vllm_triage_target_up", target="t") == 0
     assert metric(down, "vllm_triage_scrape_failures_total", target="t", reason=reason) >= 2
     events = [e for e in logs if e.get("target") == "t"]
@@ -111,7 +112,7 @@ def test_a_refusing_target_recovers_when_it_comes_up() -> None:
     url = f"http://127.0.0.1:{refused_port()}/metrics"
     with running_daemon(settings_for(url)) as daemon:
         state = daemon.targets[0].state
-        wait_for(lambda: state.failures["connect"] >= 2, timeout=20)
+        wait_for(lambda: state.failures["connect"] >= 2, timeout=HANG_S)
         with simulated(get_scenario("healthy"), speed=1.0) as sim:
             # The simulator took another port: point the target at it, as a restarted
             # pod at a new address would be found again.
@@ -119,7 +120,7 @@ def test_a_refusing_target_recovers_when_it_comes_up() -> None:
                 daemon.scrapers[0].parts, url=metrics_url(sim)
             )
             # Read while the simulator still serves: stopping it fails the next scrape.
-            recovered = wait_for(lambda: state.up, timeout=20)
+            recovered = wait_for(lambda: state.up, timeout=HANG_S)
     assert state.failures["connect"] >= 2 and recovered
 
 
@@ -129,7 +130,7 @@ def test_a_50_mib_body_is_refused_without_being_read() -> None:
     answer = Answer(stream_bytes=50 * 2**20)
     with target(answer) as url, running_daemon(settings_for(url, interval_seconds=5.0)) as daemon:
         state = daemon.targets[0].state
-        wait_for(lambda: state.failures["too_large"] >= 1, timeout=30)
+        wait_for(lambda: state.failures["too_large"] >= 1, timeout=HANG_S)
         sent = answer.sent
         answer.stream_bytes, answer.body = 0, GOOD
     assert "larger than 16777216 bytes" in state.last_error
@@ -153,9 +154,9 @@ def test_nan_inf_and_negative_values_are_left_out_and_counted() -> None:
             view = state.view
             return view is not None and view.evaluation.signals[MODEL].ttft_p99 is not None
 
-        wait_for(judged, timeout=20)
-        text = httpx.get(daemon.url + "/metrics", timeout=5).text
-        api = httpx.get(daemon.url + "/api/v1/diagnoses", timeout=5)
+        wait_for(judged, timeout=HANG_S)
+        text = httpx.get(daemon.url + "/metrics", timeout=HANG_S).text
+        api = httpx.get(daemon.url + "/api/v1/diagnoses", timeout=HANG_S)
     assert state.up and not state.failures
     assert metric(text, "vllm_triage_series_unusable_total", target="t") >= 3
     assert api.status_code == 200 and "NaN" not in api.text and "Infinity" not in api.text
@@ -191,7 +192,7 @@ def test_a_counter_reset_never_gives_a_negative_rate() -> None:
                 seen.extend(_rates(state))
             return answer.gets > 40
 
-        wait_for(through, timeout=30, every=0.05)
+        wait_for(through, timeout=HANG_S, every=0.05)
     assert state.up and not state.failures
     assert seen and min(seen) >= 0
 
@@ -211,7 +212,7 @@ def test_the_naming_era_switching_mid_run_is_followed() -> None:
                 eras.add(daemon.targets[0].evaluator.window.newest.era)  # type: ignore[union-attr]
             return answer.gets > 30
 
-        wait_for(through, timeout=30, every=0.05)
+        wait_for(through, timeout=HANG_S, every=0.05)
     assert parser is not None and state.up and not state.failures
     assert {"v0", "v1"} <= eras
     assert MODEL in state.view.evaluation.diagnoses and min(_rates(state)) >= 0
@@ -230,8 +231,8 @@ def test_thousands_of_model_names_are_bounded_and_counted() -> None:
         running_daemon(settings_for(url, max_models_per_target=50)) as daemon,
     ):
         state = daemon.targets[0].state
-        wait_for(lambda: state.models_dropped >= 2 * 4950, timeout=20)
-        text = httpx.get(daemon.url + "/metrics", timeout=5).text
+        wait_for(lambda: state.models_dropped >= 2 * 4950, timeout=HANG_S)
+        text = httpx.get(daemon.url + "/metrics", timeout=HANG_S).text
     assert len(state.view.evaluation.diagnoses) == 50
     assert metric(text, "vllm_triage_models_dropped_total", target="t") >= 2 * 4950
     assert text.count("vllm_triage_diagnosis{") == 50 * len(DIAGNOSES)
@@ -247,8 +248,8 @@ def test_missing_families_an_old_vllm_is_still_watched() -> None:
     )
     with target(Answer(body=body)) as url, running_daemon(settings_for(url)) as daemon:
         state = daemon.targets[0].state
-        wait_for(lambda: state.view is not None and state.scrapes >= 3, timeout=20)
-        api = httpx.get(daemon.url + "/api/v1/diagnoses", timeout=5).json()
+        wait_for(lambda: state.view is not None and state.scrapes >= 3, timeout=HANG_S)
+        api = httpx.get(daemon.url + "/api/v1/diagnoses", timeout=HANG_S).json()
     model = api["targets"][0]["models"][0]
     assert model["diagnosis"] == "healthy" and model["breaches"] == []
     assert "ttft_p99" in model["signals"]["missing"]
@@ -290,17 +291,19 @@ def test_a_bad_receiver_is_retried_counted_and_catches_up(behaviour: Any) -> Non
         try:
             with running_daemon(settings) as daemon:
                 delivery = daemon.notifier.deliveries[0]
-                wait_for(lambda: delivery.stats.retried >= 2, timeout=40)
+                wait_for(lambda: delivery.stats.retried >= 2, timeout=HANG_S)
                 # Scraping goes on while the receiver misbehaves: never blocked by it.
                 state = daemon.targets[0].state
                 scrapes = state.scrapes
-                wait_for(lambda: state.scrapes >= scrapes + 3, timeout=10)
-                text = httpx.get(daemon.url + "/metrics", timeout=5).text
+                wait_for(lambda: state.scrapes >= scrapes + 3, timeout=HANG_S)
+                # ... the notification still waiting for it all the while.
+                assert delivery.pending >= 1 and not rx.bodies()
+                text = httpx.get(daemon.url + "/metrics", timeout=HANG_S).text
                 if behaviour == "refuses":
                     rx.start()
                 else:
                     rx.behaviour = type(rx.behaviour)()
-                wait_for(rx.bodies, timeout=20)
+                wait_for(rx.bodies, timeout=HANG_S)
         finally:
             rx.stop()
     assert metric(text, "vllm_triage_notification_retries_total", receiver="rx") >= 2
@@ -345,12 +348,12 @@ def test_a_receiver_down_for_five_minutes_gets_everything_in_order() -> None:
         )
         with running_daemon(settings) as daemon:
             state, delivery = daemon.targets[0].state, daemon.notifier.deliveries[0]
-            wait_for(lambda: state.transitions >= 2, timeout=290, every=1)
-            wait_for(lambda: sim.live.t >= 300, timeout=120, every=1)
+            wait_for(lambda: state.transitions >= 2, timeout=HANG_S, every=1)
+            wait_for(lambda: sim.live.t >= 300, timeout=HANG_S, every=1)
             assert delivery.pending == 2 and not rx.bodies()
             rx.start()
             try:
-                wait_for(lambda: len(rx.bodies()) >= 2, timeout=30)
+                wait_for(lambda: len(rx.bodies()) >= 2, timeout=HANG_S)
             finally:
                 rx.stop()
     statuses = [

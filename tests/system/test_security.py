@@ -20,6 +20,7 @@ import structlog
 from vllm_triage.config.load import load_settings
 from vllm_triage.simulator import get_scenario
 
+from support.clirun import HANG_S
 from support.harness import metrics_url, refused_port, running_daemon, simulated, wait_for
 from support.receiver import Receiver
 
@@ -74,7 +75,7 @@ def test_no_secret_reaches_logs_endpoints_or_errors() -> None:
         seen: list[str] = [repr(settings), settings.model_dump_json(), str(settings)]
         with structlog.testing.capture_logs() as logs, running_daemon(settings) as daemon:
             wait_for(
-                lambda: all(d.stats.failed >= 1 for d in daemon.notifier.deliveries), timeout=60
+                lambda: all(d.stats.failed >= 1 for d in daemon.notifier.deliveries), timeout=HANG_S
             )
             for path in (
                 "/metrics",
@@ -84,7 +85,7 @@ def test_no_secret_reaches_logs_endpoints_or_errors() -> None:
                 "/api/v1/series",
                 "/",
             ):
-                seen.append(httpx.get(daemon.url + path, timeout=5).text)
+                seen.append(httpx.get(daemon.url + path, timeout=HANG_S).text)
             seen.extend(d.stats.last_error for d in daemon.notifier.deliveries)
             seen.extend(w.state.last_error for w in daemon.targets)
     seen.append(json.dumps(logs, default=str))
@@ -117,15 +118,15 @@ def test_a_receiver_verifies_the_hmac_signature() -> None:
                 }
             )
             with running_daemon(settings) as daemon:
-                wait_for(lambda: verified, timeout=60)
+                wait_for(lambda: verified, timeout=HANG_S)
                 # The receiver records before it answers: wait for the answer to count.
                 delivery = daemon.notifier.deliveries[0]
-                wait_for(lambda: delivery.stats.sent + delivery.stats.failed >= 1, timeout=10)
+                wait_for(lambda: delivery.stats.sent + delivery.stats.failed >= 1, timeout=HANG_S)
                 sent = delivery.stats.sent
         # The same receiver refuses a body signed with another key.
         forged = "sha256=" + hmac.new(b"wrong-key", b"{}", hashlib.sha256).hexdigest()
         refused = httpx.post(
-            rx.url, content=b"{}", headers={"X-Vllm-Triage-Signature": forged}, timeout=5
+            rx.url, content=b"{}", headers={"X-Vllm-Triage-Signature": forged}, timeout=HANG_S
         ).status_code
     assert verified[0] is True and sent >= 1
     assert refused == 401 and verified[-1] is False
