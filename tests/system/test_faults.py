@@ -296,8 +296,10 @@ def test_a_bad_receiver_is_retried_counted_and_catches_up(behaviour: Any) -> Non
                 state = daemon.targets[0].state
                 scrapes = state.scrapes
                 wait_for(lambda: state.scrapes >= scrapes + 3, timeout=HANG_S)
-                # ... the notification still waiting for it all the while.
-                assert delivery.pending >= 1 and not rx.bodies()
+                # ... the notification still waiting for it all the while. (A receiver that
+                # hangs may keep a body whose answer came too late: the delivery counts
+                # the timeout, so the body is still pending.)
+                assert delivery.pending >= 1
                 text = httpx.get(daemon.url + "/metrics", timeout=HANG_S).text
                 if behaviour == "refuses":
                     rx.start()
