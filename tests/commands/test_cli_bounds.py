@@ -53,7 +53,7 @@ class Counting:
 def test_check_refuses_before_sending_anything(tmp_path: Path, args: list[str], says: str) -> None:
     server_counts = Counting()
     with serving(server_counts) as server:
-        out = vllm_triage("check", server.url("/metrics"), *args, cwd=tmp_path, timeout=30)
+        out = vllm_triage("check", server.url("/metrics"), *args, cwd=tmp_path)
     assert out.returncode == 2 and says in out.stderr, out.stderr
     assert server_counts.requests == 0
 
@@ -88,7 +88,7 @@ def test_check_refuses_before_sending_anything(tmp_path: Path, args: list[str], 
     ],
 )
 def test_an_interval_out_of_bounds_is_refused(tmp_path: Path, argv: list[str]) -> None:
-    out = vllm_triage(*argv, cwd=tmp_path, timeout=30)
+    out = vllm_triage(*argv, cwd=tmp_path)
     assert out.returncode == 2, out.stderr
     assert "must be" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "rec").exists() and not (tmp_path / "r").exists()

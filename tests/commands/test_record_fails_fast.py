@@ -86,7 +86,7 @@ def test_a_404_fails_at_once_naming_the_path(tmp_path: Path) -> None:
     with serving(replies((404, b"Not Found"))) as srv:
         result = vllm_triage(
             "record", srv.url("/metric"), "--out", "rec", "--duration", "600",
-            cwd=tmp_path, timeout=120,
+            cwd=tmp_path,
         )  # fmt: skip
         hits = len(srv.requests)
     assert result.returncode == 1

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from support.captures import fixture_text
-from support.clirun import COMMAND, stop, vllm_triage
+from support.clirun import COMMAND, HANG_S, stop, vllm_triage
 from support.harness import wait_for
 from support.localserver import replies, serving
 
@@ -41,7 +41,7 @@ def test_run_record_keeps_the_daemons_scrapes_for_report(tmp_path: Path) -> None
         )
         try:
             wait_for(
-                lambda: len(list((tmp_path / "rec" / "local").glob("*.prom"))) >= 3, timeout=60
+                lambda: len(list((tmp_path / "rec" / "local").glob("*.prom"))) >= 3, timeout=HANG_S
             )
         finally:
             stop(proc)

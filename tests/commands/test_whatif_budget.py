@@ -39,7 +39,7 @@ from vllm_triage.whatif.budget import (
 from vllm_triage.whatif.calibrate import whatif
 from vllm_triage.whatif.window import read_window
 
-from support.clirun import COMMAND, vllm_triage
+from support.clirun import COMMAND, HANG_S, vllm_triage
 from support.daemonproc import GOOD, SECRET, body
 from support.localserver import serving
 from support.paths import REALVLLM, RECORDINGS
@@ -91,7 +91,7 @@ class TestImplausibleWindows:
         self, tmp_path: Path, change: object, at: list[str], says: str
     ) -> None:
         rec = probe(tmp_path, "rec", change)
-        out = vllm_triage("whatif", str(rec), *at, cwd=tmp_path, timeout=120)
+        out = vllm_triage("whatif", str(rec), *at, cwd=tmp_path)
         assert out.returncode == 1, out.stdout + out.stderr
         assert "implausible" in out.stderr and says in out.stderr, out.stderr
         assert "Traceback" not in out.stderr and not out.stdout
@@ -136,7 +136,7 @@ class TestChangesBeyondTheBounds:
         ],
     )
     def test_refused_exit_2(self, tmp_path: Path, change: str, says: str) -> None:
-        out = vllm_triage("whatif", str(QUEUE), "--change", change, cwd=tmp_path, timeout=60)
+        out = vllm_triage("whatif", str(QUEUE), "--change", change, cwd=tmp_path)
         assert out.returncode == 2 and says in out.stderr, out.stderr
         assert "Traceback" not in out.stderr and not out.stdout
 
@@ -214,12 +214,12 @@ def test_a_killed_run_leaves_no_temporary_folder(tmp_path: Path, sig: signal.Sig
     with serving(body(GOOD)) as server:
         proc = whatif_watching(tmp_path, server.url("/metrics"))
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + HANG_S  # a guard against a hang, not a measure
             while not list(tmp_path.glob("vllm-triage-whatif-*/*.prom")):
                 assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
                 time.sleep(0.1)
             proc.send_signal(sig)
-            _, err = proc.communicate(timeout=30)
+            _, err = proc.communicate(timeout=HANG_S)
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -90,7 +90,6 @@ def test_text_names_before_replay_and_after(tmp_path: Path) -> None:
         "--change",
         "dtype=fp8",
         cwd=tmp_path,
-        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert "before" in out.stdout and "after" in out.stdout
@@ -182,7 +181,7 @@ def test_each_change_says_which_term_it_moves(tmp_path: Path) -> None:
     out = vllm_triage(
         "whatif", str(rec), "--config", str(_config(tmp_path, "decode_bound")),
         "--change", "kv_cache_dtype=fp8", "--change", "max_num_seqs=64",
-        "--format", "json", cwd=tmp_path, timeout=120,
+        "--format", "json", cwd=tmp_path,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     first, second = json.loads(out.stdout)["reasons"]

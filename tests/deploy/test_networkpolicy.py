@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from support import smp
+from support.clirun import HANG_S
 from support.paths import ROOT
 
 KDIR = ROOT / "deploy" / "kubernetes"
@@ -114,7 +115,7 @@ def test_it_passes_kubernetes_validate() -> None:
         [found, "--strict", "-k", "1.31.0", str(OPT_IN / "networkpolicy.yaml")],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         check=False,
     )
     out = result.stdout + result.stderr

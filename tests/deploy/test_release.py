@@ -22,6 +22,7 @@ import yaml
 from vllm_triage import __version__
 from vllm_triage.render.sidecar import IMAGE_REPOSITORY
 
+from support.clirun import HANG_S
 from support.paths import ROOT
 
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
@@ -47,7 +48,7 @@ def steps(job: str) -> list[dict[str, Any]]:
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=HANG_S, check=False)
 
 
 def test_actionlint_passes() -> None:

@@ -39,6 +39,7 @@ from vllm_triage.store import (
     default_state_dir,
 )
 
+from support.clirun import HANG_S
 from support.receiver import Receiver
 
 EXTERNAL = "http://triage.example:9468"
@@ -389,7 +390,7 @@ class TestNotifierAndDelivery:
                 )
                 worker = asyncio.create_task(d.run())
                 d.submit(Notification(b"{}", "delivered"))
-                await asyncio.wait_for(d.wait_idle(), 10)
+                await asyncio.wait_for(d.wait_idle(), HANG_S)
                 worker.cancel()
                 d.submit(Notification(b"{}", "left at shutdown"))
                 assert d.abandon("undelivered at shutdown") == 0

@@ -26,6 +26,7 @@ from vllm_triage.serve.exporter import build_registry
 from vllm_triage.state import FAILURE_REASONS
 from vllm_triage.target import Target
 
+from support.clirun import HANG_S
 from support.harness import running_daemon, wait_for
 from support.localserver import replies, serving
 from support.scenarios import recorded
@@ -196,10 +197,10 @@ def test_a_running_daemon_judges_on_when_its_clock_steps_back() -> None:
         with capture_logs() as logs, running_daemon(settings, clock=clock) as d:
             (scraper,) = d.scrapers
             st = scraper.target.state
-            wait_for(lambda: st.view is not None and st.scrapes >= 3, timeout=20)
+            wait_for(lambda: st.view is not None and st.scrapes >= 3, timeout=HANG_S)
             stepped["back"] = 300.0
             before = st.scrapes
-            wait_for(lambda: st.scrapes >= before + 5, timeout=20)
+            wait_for(lambda: st.scrapes >= before + 5, timeout=HANG_S)
             view = st.view
             metrics = generate_latest(build_registry(lambda: [st], list)).decode()
     assert view is not None and view.evaluation.at < time.time() - 250

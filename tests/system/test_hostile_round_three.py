@@ -59,7 +59,6 @@ def test_a_400_digit_pool_label_freezes_no_target(tmp_path: Path) -> None:
                     min(d.value("vllm_triage_scrapes_total", target=n) for n in ("bad", "good"))
                     >= 10
                 ),
-                60,
             )
             counts = {
                 n: (
@@ -145,7 +144,7 @@ def test_slack_shows_a_hostile_model_name_and_obeys_none(tmp_path: Path) -> None
             "receivers": [{"type": "slack", "name": "chat", "url": hook.url("/hook")}],
         }
         with run_daemon(tmp_path, config) as d:
-            assert d.until(lambda: bool(got), timeout=40), "no Slack message"
+            assert d.until(lambda: bool(got)), "no Slack message"
     text = str(got[0]["text"])
     figure("slack", messages=len(got), chars=len(text), lines=len(text.splitlines()))
     assert "<!channel>" not in text and "&lt;!channel&gt;" in text
@@ -179,7 +178,6 @@ def test_restarts_record_the_bound_once(tmp_path: Path) -> None:
                         d.value("vllm_triage_recording_failures_total", target="t", reason="full")
                         >= 2
                     ),
-                    timeout=30,
                 )
                 kept.append(d.value("vllm_triage_recorded_scrapes_total", target="t"))
                 held = d.value("vllm_triage_recording_folder_bytes", target="t")

@@ -60,7 +60,7 @@ def settings(url: str, record: Path, **extra: object) -> Settings:
 def test_each_scrape_the_daemon_takes_is_kept_byte_for_byte(tmp_path: Path) -> None:
     sent, handle = bodies_in_turn()
     with serving(handle) as srv, running_daemon(settings(srv.url("/metrics"), tmp_path)) as d:
-        wait_for(lambda: len(list((tmp_path / "local").glob("*.prom"))) >= 3, timeout=20)
+        wait_for(lambda: len(list((tmp_path / "local").glob("*.prom"))) >= 3, timeout=HANG_S)
         (scraper,) = d.scrapers
     files = recording_files(tmp_path / "local")
     kept = [p.read_bytes() for _, p in files]
