@@ -169,3 +169,57 @@ def test_a_cause_with_none_of_the_evidence_is_not_listed_as_contributing() -> No
         rules=rulebook,
     )
     assert [(c.cause, c.share) for c in got] == [("prefill_bound", 0.33)]
+
+
+class TestPrefillWords:
+    """The prefill summary says what its numbers are, and leaves out what is unknown."""
+
+    def test_the_share_is_the_finished_requests_not_the_engines(self) -> None:
+        """Prefill and decode times are observed when a request ends: the share is of
+        the requests finished in the window (a decode still running is not in it)."""
+        d = diagnose(
+            signals(
+                ttft_p99=q(6.0),
+                ttft_mean=3.0,
+                prefill_time_mean=2.4,
+                prefill_time_share=0.94,
+                prefill_time_count=12.0,
+                mean_prompt_tokens=8000.0,
+            ),
+            rules(),
+        )
+        assert d.cause == "prefill_bound"
+        assert "94% of the finished requests' time in prefill (12 finished)" in d.summary
+        assert "engine time" not in d.summary
+
+    def test_an_unknown_prefill_time_is_left_unsaid(self) -> None:
+        """No prefill histogram (an older vLLM, another engine): no "prefill n/a mean"."""
+        d = diagnose(
+            signals(
+                itl_p99=q(0.4),
+                itl_p50=q(0.05, 0.5),
+                prompt_tokens_per_second=500.0,
+                prefill_time_share=None,
+                prefill_time_mean=None,
+            ),
+            rules(),
+        )
+        assert d.cause == "prefill_bound"
+        assert "n/a" not in d.summary and "prefill" in d.summary
+
+    def test_no_decode_speed_is_said_as_such(self) -> None:
+        """A decode-bound window whose steps carry prefill has no decode speed: the
+        summary says why instead of printing one."""
+        d = diagnose(
+            signals(
+                itl_p99=q(0.3),
+                itl_p50=q(0.2, 0.5),
+                itl_mean=0.25,
+                decode_tokens_per_second_per_stream=None,
+                missing={"decode_tokens_per_second_per_stream": "left out: steps carry prefill"},
+            ),
+            rules(),
+        )
+        assert d.cause == "decode_bound"
+        assert "no decode speed: the window's steps carry prefill" in d.summary
+        assert "n/a" not in d.summary

@@ -156,7 +156,69 @@ class TestLatency:
         )
         s = w.signals("m")
         assert s.prefill_time_share == pytest.approx(0.75)
+        assert s.prefill_time_count == 4  # the requests that finished: the share is theirs
         assert s.queue_time_mean == pytest.approx(0.5)
+
+
+class TestDecodeSpeedOnlyFromDecodeSteps:
+    """An ITL-derived decode speed is left out of a window whose steps carry prefill: its
+    inter-token gaps are the mixed steps' (a prefill chunk and the decodes beside it)."""
+
+    @staticmethod
+    def window(step_tokens: float, running: float = 8.0, **extra: float) -> Window:
+        w = Window(60, min_observations=1)
+        fill(
+            w,
+            [
+                snap(0.0, running=running, itl=hist([0] * 11), iteration_tokens=hist([0] * 11)),
+                snap(
+                    10.0,
+                    running=running,
+                    itl=hist([100] + [0] * 10, total=2.5),
+                    iteration_tokens=hist([10] + [0] * 10, total=10 * step_tokens),
+                    **extra,
+                ),
+            ],
+        )
+        return w
+
+    def test_decode_steps_give_a_speed(self) -> None:
+        """Eight decoding, nine tokens a step: decode steps; 1 / mean ITL stands."""
+        s = self.window(step_tokens=9.0).signals("m")
+        assert s.decode_tokens_per_second_per_stream == pytest.approx(40.0)
+        assert "decode_tokens_per_second_per_stream" not in s.missing
+
+    def test_steps_that_carry_prefill_give_none_and_say_why(self) -> None:
+        """Eight decoding, thirty tokens a step: most of each step is prefill."""
+        s = self.window(step_tokens=30.0).signals("m")
+        assert s.decode_tokens_per_second_per_stream is None
+        why = s.missing["decode_tokens_per_second_per_stream"]
+        assert "steps carry prefill" in why and "30 tokens per step for 8 decoding" in why
+
+    @staticmethod
+    def rates(prompt_tokens: float) -> Window:
+        """No iteration histogram: 1,000 tokens generated, ``prompt_tokens`` computed."""
+        w = Window(60, min_observations=1)
+        fill(
+            w,
+            [
+                snap(0.0, itl=hist([0] * 11), prompt_tokens=0.0, generation_tokens=0.0),
+                snap(
+                    10.0,
+                    itl=hist([100] + [0] * 10, total=2.5),
+                    prompt_tokens=prompt_tokens,
+                    generation_tokens=1000.0,
+                ),
+            ],
+        )
+        return w
+
+    def test_without_step_counts_the_token_rates_decide(self) -> None:
+        """No iteration histogram (an engine that does not count tokens per step): prompt
+        tokens computed at half the generated ones or more is the same ratio."""
+        assert self.rates(600.0).signals("m").decode_tokens_per_second_per_stream is None
+        kept = self.rates(100.0).signals("m").decode_tokens_per_second_per_stream
+        assert kept == pytest.approx(40.0)
 
 
 class TestTotals:

@@ -170,7 +170,7 @@ DECIDING: dict[Cause, tuple[tuple[str, str, str], ...]] = {
         ("ttft_p99_seconds", "TTFT p99", "s"),
         ("mean_prompt_tokens", "prompt", " tokens"),
         ("render_share_of_ttft", "rendering share of TTFT", "%"),
-        ("prefill_time_share", "engine time in prefill", "%"),
+        ("prefill_time_share", "finished requests' time in prefill", "%"),
         ("itl_p99_seconds", "ITL p99", "s"),
     ),
     "decode_bound": (

@@ -277,7 +277,10 @@ class Signals:
     render_count: float = 0.0
     prefill_time_mean: float | None = None
     decode_time_mean: float | None = None
+    #: Prefill time over prefill + decode time of the requests that finished in the
+    #: window (both are observed at a request's end), and how many there were.
     prefill_time_share: float | None = None
+    prefill_time_count: float = 0.0
     running_mean: float | None = None
     running_max: float | None = None
     waiting_mean: float | None = None

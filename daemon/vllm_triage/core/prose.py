@@ -20,6 +20,13 @@ def _fmt(x: float | None, unit: str = "", digits: int = 2) -> str:
     return "n/a" if x is None else f"{x:.{digits}g}{unit}"
 
 
+def finished_share(share: float, finished: float) -> str:
+    """The prefill share as what it is: the time of the requests that finished in the
+    window (prefill and decode times are both observed at a request's end), not the
+    engine's time: a request still decoding when the window ends is not in it."""
+    return f"{share:.0%} of the finished requests' time in prefill ({finished:.0f} finished)"
+
+
 def summary(cause: Cause, s: Signals, f: Facts, rules: Rulebook) -> tuple[str, str | None]:
     """One line a person can act on, and (for decode) which limit was hit."""
     slo = rules.slo
@@ -74,24 +81,25 @@ def summary(cause: Cause, s: Signals, f: Facts, rules: Rulebook) -> tuple[str, s
                 f"p50 is {_fmt(quantile_value(s.itl_p50), ' s')}: prefill steps stall the streams "
                 "(prefill interference)"
             )
-        share = (
-            f", {f.prefill_share:.0%} of engine time in prefill"
-            if f.prefill_share is not None
-            else ""
-        )
         prompt = (
             f"{s.mean_prompt_tokens:,.0f}-token prompts"
             if s.mean_prompt_tokens is not None
             else "prompts"
         )
-        return (
-            "; ".join(parts) + f": {prompt}, prefill {_fmt(s.prefill_time_mean, ' s')} mean{share}",
-            None,
+        # An unknown prefill time is left unsaid, never printed as "n/a".
+        prefill = (
+            []
+            if s.prefill_time_mean is None
+            else [f"prefill {_fmt(s.prefill_time_mean, ' s')} mean"]
         )
-    head = (
-        f"ITL p99 {_fmt(quantile_value(s.itl_p99), ' s')} > SLO {slo.itl_p99_seconds:g} s: "
-        f"{_fmt(s.decode_tokens_per_second_per_stream, ' tok/s', 3)} per stream"
-    )
+        if f.prefill_share is not None:
+            prefill.append(finished_share(f.prefill_share, s.prefill_time_count))
+        return "; ".join(parts) + ": " + ", ".join([prompt, *prefill]), None
+    head = f"ITL p99 {_fmt(quantile_value(s.itl_p99), ' s')} > SLO {slo.itl_p99_seconds:g} s"
+    if s.decode_tokens_per_second_per_stream is not None:
+        head += f": {_fmt(s.decode_tokens_per_second_per_stream, ' tok/s', 3)} per stream"
+    elif "decode_tokens_per_second_per_stream" in s.missing:
+        head += " (no decode speed: the window's steps carry prefill)"
     return decode_split(head, f.roofline, rules, s.dram_active_mean)
 
 

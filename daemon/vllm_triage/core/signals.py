@@ -36,6 +36,12 @@ _MEANS = {
 #: why.
 INCONSISTENT_RESETS = 2
 
+#: Steps that compute this many times the tokens their running sequences decode carry
+#: prefill work (a third of their tokens or more are prompt tokens): their inter-token
+#: gaps hold prefill time, so a decode speed read from them would be the mixed steps'
+#: speed, not decode's (a ROCm report read a decode speed 2.7 times off that way).
+PREFILL_STEP_RATIO = 1.5
+
 
 @dataclass(frozen=True, slots=True)
 class _Latency:
@@ -102,6 +108,7 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
     ttft = itl = _Latency()
     means: dict[str, float | None] = dict.fromkeys(_MEANS.values())
     prefill_share: float | None = None
+    prefill_count = 0.0
     if span <= 0:
         reason = "not enough data: one snapshot in the window, rates need two"
         for name in (*_RATES.values(), "ttft_p99", "itl_p99"):
@@ -128,7 +135,11 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
                 missing[key] = "not enough data: no requests finished in the window"
         pre, dec = hists.get("prefill_time"), hists.get("decode_time")
         if pre is not None and dec is not None and pre.sum + dec.sum > 0:
+            # Both are observed when a request finishes: the share is that of the
+            # requests finished in the window, not of the engine's time (a decode that
+            # finishes after the window is not in it).
             prefill_share = pre.sum / (pre.sum + dec.sum)
+            prefill_count = pre.count
     for name in t.layout_changed:
         missing[f"{name}_layout"] = "bucket bounds changed inside the window"
     if t.counter_resets >= INCONSISTENT_RESETS:
@@ -142,6 +153,15 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
     steps = _EngineSteps.of(dict(counters), hists.get("iteration_tokens") if span > 0 else None)
     if t.progress is None:
         missing["progress"] = t.progress_missing
+    decode_rate: float | None = None
+    if itl.mean is not None and itl.mean > 0:
+        mixed = _steps_carry_prefill(t, steps, rates)
+        if mixed is None:
+            # One ITL sample per request per engine step, and a step may emit several
+            # tokens under speculative decoding: the rate is tokens per step / step.
+            decode_rate = steps.tokens_per_step / itl.mean
+        else:
+            missing["decode_tokens_per_second_per_stream"] = mixed
 
     return Signals(
         model_name=t.model_name,
@@ -165,6 +185,7 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
         prefill_time_mean=means["prefill_time_mean"],
         decode_time_mean=means["decode_time_mean"],
         prefill_time_share=prefill_share,
+        prefill_time_count=prefill_count,
         running_mean=t.running.mean,
         running_max=t.running.max,
         waiting_mean=t.waiting.mean,
@@ -179,11 +200,7 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
         generation_tokens_per_second=rates["generation_tokens_per_second"],
         mean_prompt_tokens=means["mean_prompt_tokens"],
         mean_generation_tokens=means["mean_generation_tokens"],
-        # One ITL sample per request per engine step, and a step may emit several
-        # tokens under speculative decoding: the rate is tokens per step / step.
-        decode_tokens_per_second_per_stream=(
-            steps.tokens_per_step / itl.mean if itl.mean is not None and itl.mean > 0 else None
-        ),
+        decode_tokens_per_second_per_stream=decode_rate,
         kv_pool_tokens=t.kv_pool_tokens,
         progress=t.progress,
         missing=missing,
@@ -204,6 +221,31 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
         kv_cache=t.kv_cache,
         estimated_read_bytes=counters.get("estimated_read_bytes") if span > 0 else None,
         estimated_flops=counters.get("estimated_flops") if span > 0 else None,
+    )
+
+
+def _steps_carry_prefill(
+    t: WindowTotals, steps: _EngineSteps, rates: dict[str, float | None]
+) -> str | None:
+    """Why the window's inter-token gaps are not decode's (its steps carry prefill), or
+    None. From the tokens per step when the engine counts them, else from the prompt
+    tokens computed against the tokens generated (the same ratio, read from rates)."""
+    running = t.running_busy_mean if t.running_busy_mean is not None else t.running.mean
+    if steps.tokens_mean is not None and running:
+        decoded = running / max(1, t.engines) * steps.tokens_per_step
+        ratio = steps.tokens_mean / decoded
+        what = f"{steps.tokens_mean:.3g} tokens per step for {decoded:.3g} decoding"
+    else:
+        prompt, generated = rates["prompt_tokens_per_second"], rates["generation_tokens_per_second"]
+        if prompt is None or not generated:
+            return None
+        ratio = 1.0 + prompt / generated
+        what = f"{prompt:.3g} prompt tokens/s computed beside {generated:.3g} generated"
+    if ratio < PREFILL_STEP_RATIO:
+        return None
+    return (
+        f"left out: the window's steps carry prefill ({what}), so its inter-token gaps "
+        "are mixed steps', not decode's"
     )
 
 
