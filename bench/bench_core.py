@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_triage.assemble import build_evaluator
 from vllm_triage.config.load import load_settings
 from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.rules import runtime_table
 
 from payloads import many_models, one_model
 
@@ -45,7 +46,7 @@ def measure(name: str, text: str, number: int) -> tuple[str, float, float, float
 
     # Warm: one parser and one evaluator per target, as the daemon keeps them, with a
     # full 60 s window behind each evaluation.
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     evaluator = build_evaluator(settings)
     for _ in range(13):
         evaluator.step(parser.parse(text, float(next(clock))))
@@ -55,7 +56,7 @@ def measure(name: str, text: str, number: int) -> tuple[str, float, float, float
 
     # Cold: a new parser each time (no label-set memo), same evaluator.
     def ours_cold() -> None:
-        evaluator.step(SnapshotParser().parse(text, float(next(clock))))
+        evaluator.step(SnapshotParser(runtime_table()).parse(text, float(next(clock))))
 
     def reference() -> None:
         for family in text_string_to_metric_families(text):

@@ -100,7 +100,7 @@ def proc_cpu_s(pid: int) -> float:
 def series_of(scenario: str, t0: float) -> dict[str, list[tuple[str, list[str]]]]:
     """{name: [(labels, values at each sample)]} of one scenario, the series the fleet
     reads, sampled SAMPLES times STEP apart from t0."""
-    from vllm_triage.core.names import SAMPLES as READ
+    from vllm_triage.fleet.queries import SAMPLES as READ
     from vllm_triage.simulator import get_scenario, record
 
     from support.fleet_sim import relabel

@@ -44,6 +44,7 @@ from vllm_triage.core.alerts import firing_alert
 from vllm_triage.core.model import Diagnosis, Reason, Transition
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.notify.receivers import build_receiver
+from vllm_triage.rules import runtime_table
 from vllm_triage.store import Notification
 
 from payloads import many_models
@@ -190,7 +191,7 @@ def run_shape(name: str, body: bytes, settings_bytes: int, max_lines: int) -> fl
     finally:
         server.shutdown()
     began = time.perf_counter()
-    SnapshotParser().parse_bytes(body, 0.0)
+    SnapshotParser(runtime_table()).parse_bytes(body, 0.0)
     parse_s = time.perf_counter() - began
     print(
         f"{name}: {len(body) / 2**20:.1f} MiB (max_body_bytes {settings_bytes / 2**20:.0f} "

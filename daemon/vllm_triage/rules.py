@@ -17,14 +17,18 @@ from __future__ import annotations
 import os
 import re
 import stat
+from functools import cache
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from vllm_triage.errors import ConfigError
+
+if TYPE_CHECKING:
+    from vllm_triage.core.runtime import RuntimeTable
 
 PACKAGE = "vllm_triage.bundled_rules"
 
@@ -205,3 +209,27 @@ def list_bundled(folder: str, suffix: str = ".yaml") -> tuple[str, ...]:
 def read_file(path: str | Path) -> Any:
     """Load one user YAML file; unreadable files become a ``ConfigError`` naming the path."""
     return read_yaml_text(read_small_text(path), source=str(path))
+
+
+#: The bundled runtime specs' folder, and the order detection tries them in (vLLM first:
+#: the reference, and most targets).
+RUNTIMES = "runtimes"
+RUNTIME_ORDER = ("vllm", "sglang", "lmdeploy", "trtllm")
+
+
+@cache
+def runtime_table() -> RuntimeTable:
+    """The serving engines vllm-triage reads (``rules/runtimes/*.yaml``), as the core's
+    shapes: read once, the same table everywhere."""
+    from vllm_triage.core.runtime import RuntimeTable  # noqa: PLC0415 (rules/ stays a leaf)
+
+    names = list_bundled(RUNTIMES)
+    ordered = [n for n in RUNTIME_ORDER if n in names] + [
+        n for n in names if n not in RUNTIME_ORDER
+    ]
+    return RuntimeTable.of(
+        [
+            (bundled_path(f"{RUNTIMES}/{n}.yaml"), read_bundled(f"{RUNTIMES}/{n}.yaml"))
+            for n in ordered
+        ]
+    )

@@ -24,6 +24,7 @@ from vllm_triage.demo.offline import (
 from vllm_triage.demo.pacing import Strain
 from vllm_triage.demo.view import DemoTarget, render, status_lines
 from vllm_triage.errors import ConfigError
+from vllm_triage.rules import runtime_table
 from vllm_triage.simulator import get_scenario
 from vllm_triage.target import Target
 
@@ -253,7 +254,7 @@ def clearing_watcher() -> Target:
     watcher = build_scraped(
         settings, settings.targets[0], client=httpx.AsyncClient(), notifier=None
     ).target
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     for at, body in recorded(tour, start_at=START_AT, interval_s=5.0, duration_s=255.0):
         watcher.consume(parser.parse(body, at))
         view = watcher.state.view

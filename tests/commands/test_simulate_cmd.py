@@ -20,12 +20,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_triage.core.parse import parse_snapshot
 from vllm_triage.simulator import get_scenario
 from vllm_triage.simulator.serve import CONTENT_TYPE, LiveSimulation
 
 from support.clirun import HANG_S, spawn, stderr_lines, vllm_triage, wait_for_event
 from support.harness import free_port
+from support.parsing import parse_snapshot
 from support.paths import BUNDLED_SCENARIOS
 
 START_MS = 1_767_225_600_000  # the default --start, 2026-01-01T00:00:00Z

@@ -18,6 +18,7 @@ from vllm_triage.core.model import Signals
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.core.totals import Window
 from vllm_triage.errors import ParseError
+from vllm_triage.rules import runtime_table
 
 from support.paths import VLLM_CAPTURES
 from support.rulebooks import default_evaluator
@@ -85,7 +86,7 @@ def test_mutated_real_payloads_never_break_the_core(
     """A sequence of damaged scrapes of a real vLLM payload: each one parses or raises
     ParseError, and the evaluator takes every parsed one without raising, with signals
     that stay in range."""
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     evaluator = default_evaluator()
     for n, edits in enumerate(scrapes):
         try:

@@ -11,10 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_triage.core.parse import SnapshotParser, parse_snapshot
+from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.errors import ParseError
+from vllm_triage.rules import runtime_table
 
 from support.captures import fixture_text, reference_models, snapshot_models
+from support.parsing import parse_snapshot
 
 KVWARDEN = "kvwarden-vllm-0.19.1-v1.txt"
 KUBEAI = "kubeai-vllm-0.5.x-v0.txt"
@@ -207,10 +209,11 @@ class TestBadInput:
             pytest.param(
                 "<html><body>502 Bad Gateway</body></html>", "not a valid sample line", id="html"
             ),
-            pytest.param('{"error": "not found"}', "not a valid sample line", id="json"),
+            pytest.param('{"error": "not found"}', "the body is JSON", id="json"),
             pytest.param(
                 "# HELP node_load1 1m load average.\n# TYPE node_load1 gauge\nnode_load1 0.21\n",
-                "no vLLM metrics found",
+                r"not a supported engine: no family of vLLM, SGLang, LMDeploy or TensorRT-LLM "
+                r"found \(it shows node_\* \(1 samples\)\)",
                 id="not-vllm",
             ),
             pytest.param(
@@ -241,7 +244,7 @@ class TestBadInput:
     def test_binary_garbage(self) -> None:
         """A body that is not UTF-8 is refused as such."""
         with pytest.raises(ParseError, match="not UTF-8"):
-            SnapshotParser().parse_bytes(b"\xff\xfe\x00\x81garbage", at=0.0)
+            SnapshotParser(runtime_table()).parse_bytes(b"\xff\xfe\x00\x81garbage", at=0.0)
 
     def test_truncated_inside_a_label_set(self) -> None:
         """A body cut in the middle of a line (a dropped connection) is refused."""
@@ -253,7 +256,7 @@ class TestBadInput:
     def test_every_truncation_is_a_snapshot_or_a_parse_error(self) -> None:
         """Cutting a real payload anywhere never raises anything but ParseError."""
         text = fixture_text(KVWARDEN)
-        parser = SnapshotParser()
+        parser = SnapshotParser(runtime_table())
         outcomes = {"snapshot": 0, "error": 0}
         for cut in range(1, len(text), 97):
             try:
@@ -308,7 +311,7 @@ class TestBadInput:
 class TestParserCache:
     def test_cache_is_bounded_and_changes_nothing(self) -> None:
         """The label-set memo never changes a result, and stays within its bound."""
-        parser = SnapshotParser(max_cached_label_sets=5)
+        parser = SnapshotParser(runtime_table(), max_cached_label_sets=5)
         text = fixture_text(KVWARDEN)
         first = snapshot_models(parser.parse(text, at=0.0))
         second = snapshot_models(parser.parse(text, at=1.0))

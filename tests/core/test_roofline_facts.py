@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from vllm_triage.core.model import CacheConfig, Histogram, Signals
-from vllm_triage.core.parse import parse_snapshot
 from vllm_triage.core.roofline import sources
 from vllm_triage.core.roofline.step import StepRoofline, evidence, step_roofline
 from vllm_triage.core.rulebook import Roofline, Source
 
+from support.parsing import parse_snapshot
 from support.paths import RECORDINGS, VLLM_CAPTURES
 from support.physics import (
     H100_ALONE,

@@ -31,16 +31,17 @@ from vllm_triage.config.load import load_settings
 from vllm_triage.config.rulebook import slo_of
 from vllm_triage.config.schema import ReceiverSettings
 from vllm_triage.core.model import CAUSES
-from vllm_triage.core.names import SAMPLES
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.demo.offline import START_AT, scenario_facts
 from vllm_triage.notify.delivery import Delivery
 from vllm_triage.notify.receivers import build_receiver
+from vllm_triage.rules import runtime_table
 from vllm_triage.serve.exporter import build_registry
 from vllm_triage.simulator import get_scenario
 from vllm_triage.state import ProbeStats, TargetState, View
 
 from support.clirun import HANG_S
+from support.parsing import SAMPLES
 from support.paths import ROOT
 from support.scenarios import recorded
 
@@ -163,7 +164,7 @@ def watched(scenario: str) -> TargetState:
     settings = load_settings(None, scenario_facts(sc) or None)
     rulebook = build_rulebook(settings)
     evaluator = build_evaluator(settings, rulebook)
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     state = TargetState(scenario, f"http://127.0.0.1:1/{scenario}", rulebook.ceiling)
     for at, body in recorded(sc, start_at=START_AT, interval_s=5.0, duration_s=60.0):
         evaluation = evaluator.step(parser.parse(body, at))
@@ -193,13 +194,16 @@ def exported() -> dict[str, set[str]]:
     # A target with its probe enabled: one timed out, the last one answered.
     state.probe = ProbeStats(url="http://127.0.0.1:1/v1/completions", probes=3, last_seconds=0.05)
     state.probe.failures["timeout"] += 1
+    # A server decoding (its steps carry no prefill): the decode rate and its ratio to the
+    # ceiling, which the KV-pressure load's mixed steps do not give.
+    decoding = watched("decode_bound")
 
     async def main() -> str:
         async with httpx.AsyncClient() as client:
             receiver = ReceiverSettings(type="alertmanager_webhook", url="http://127.0.0.1:9/h")
             deliveries = [Delivery(build_receiver("ops", receiver, "http://x:9468"), client)]
             slo = slo_of(load_settings().slo)
-            registry = build_registry(lambda: [state], lambda: deliveries, slo=slo)
+            registry = build_registry(lambda: [state, decoding], lambda: deliveries, slo=slo)
             return generate_latest(registry).decode("utf-8")
 
     text = asyncio.run(main())

@@ -31,6 +31,7 @@ from vllm_triage.core.model import Cause, Diagnosis, Transition
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.demo.offline import scenario_facts, scenario_settings
 from vllm_triage.recording.replay import replay
+from vllm_triage.rules import runtime_table
 from vllm_triage.serve.api import target_json
 from vllm_triage.serve.exporter import build_registry
 from vllm_triage.simulator import get_scenario
@@ -83,7 +84,7 @@ def simulate(path: Path, duration_s: float) -> Run:
     settings = scenario_settings(scenario, None)
     rulebook = build_rulebook(settings)
     evaluator = build_evaluator(settings, rulebook)
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     evaluations = [
         evaluator.step(parser.parse(body, at))
         for at, body in recorded(
@@ -207,7 +208,7 @@ def test_the_raw_confidence_does_jitter_in_those_loads() -> None:
     settings = scenario_settings(scenario, None)
     rulebook = build_rulebook(settings)
     evaluator = build_evaluator(settings, rulebook)
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     raw = []
     for at, body in recorded(scenario, start_at=START_AT, interval_s=INTERVAL, duration_s=600):
         e = evaluator.step(parser.parse(body, at))
@@ -288,7 +289,7 @@ def test_a_cause_change_in_the_exports_and_the_api() -> None:
         {"name": "chat", "url": "http://127.0.0.1:1/metrics", **scenario_facts(scenario)}
     )
     watcher = build_scraped(settings, target, client=httpx.AsyncClient(), notifier=None).target
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     with structlog.testing.capture_logs() as logs:
         for at, body in recorded(scenario, start_at=START_AT, interval_s=INTERVAL, duration_s=600):
             watcher.state.attempted(at)

@@ -24,6 +24,7 @@ from vllm_triage.assemble import build_evaluator
 from vllm_triage.config.load import load_settings
 from vllm_triage.core.model import Diagnosis
 from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.rules import runtime_table
 from vllm_triage.simulator import Phase, Scenario, Simulation, Workload, server_spec
 
 #: A served name in no table: its KV facts can only come from the metrics.
@@ -81,7 +82,7 @@ def diagnosed(case: Case, tmp: Path) -> tuple[float, Diagnosis]:
     cfg.write_text(yaml.safe_dump(settings))
     evaluator = build_evaluator(load_settings(cfg))
     sim = Simulation(_scenario(case))
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     marks: dict[int, tuple[float, float]] = {}
     last = None
     for tick in range(19):

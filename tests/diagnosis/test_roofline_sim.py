@@ -25,6 +25,7 @@ from vllm_triage.ceiling.sizing import model_size_from_config
 from vllm_triage.config.load import load_settings
 from vllm_triage.core.model import Diagnosis
 from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.rules import runtime_table
 from vllm_triage.simulator import Phase, Scenario, ServerSpec, Simulation, Workload, server_spec
 
 from support.paths import CONFIGS
@@ -209,7 +210,7 @@ def outcome(name: str, tmp: Path) -> Outcome:
         Scenario(name, regime.spec, (Phase(regime.duration_s, regime.workload),)),
         engines=regime.engines,
     )
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     marks: dict[int, tuple[float, float]] = {}
     last = None
     for tick in range(int(regime.duration_s // 5) + 1):

@@ -14,6 +14,7 @@ from vllm_triage.core.model import Diagnosis, Signals
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.core.series import Ring
 from vllm_triage.page.spec import load_spec
+from vllm_triage.rules import runtime_table
 from vllm_triage.state import History
 
 from support.scenarios import recorded
@@ -97,7 +98,7 @@ class TestHistory:
         h = History.for_interval(spec.measured_keys, history_seconds=3600, interval_seconds=5)
         settings = load_settings()
         evaluator = build_evaluator(settings)
-        parser = SnapshotParser()
+        parser = SnapshotParser(runtime_table())
         sizes = []
         bodies = recorded("tour", start_at=0.0, interval_s=5.0, duration_s=900)
         for n, (at, body) in enumerate(bodies):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.rules import runtime_table
 from vllm_triage.simulator import SCENARIOS, Simulation
 from vllm_triage.simulator.frontend import Balancer
 
@@ -69,7 +70,7 @@ class TestLabels:
 
     def test_the_daemons_parser_reads_two_engines_as_one_model(self) -> None:
         scrape = fixture_scrapes("dp_healthy", HEALTHY_TIMES)[1]
-        snap = SnapshotParser().parse_bytes(scrape.text.encode(), at=240.0)
+        snap = SnapshotParser(runtime_table()).parse_bytes(scrape.text.encode(), at=240.0)
         assert snap.problems == ()
         model = snap.models[LLAMA]
         assert model.engines == 2

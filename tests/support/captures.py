@@ -10,8 +10,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_triage.core.names import SAMPLES
-
+from support.parsing import SAMPLES
 from support.paths import VLLM_CAPTURES
 
 VLLM_FIXTURES = sorted(VLLM_CAPTURES.glob("*.txt"))

@@ -41,14 +41,13 @@ from vllm_triage.assemble import build_fleet, build_notifier
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import Settings
 from vllm_triage.core.model import KVPool, Signals, Snapshot, WindowTotals
-from vllm_triage.core.names import SAMPLES
-from vllm_triage.core.parse import parse_snapshot
 from vllm_triage.core.totals import Window
 from vllm_triage.fleet.source import PrometheusSource
 from vllm_triage.simulator import get_scenario, record
 from vllm_triage.store import StateStore
 
 from support.localserver import Exchange, serving
+from support.parsing import SAMPLES, parse_snapshot
 
 STEP = 5.0
 WINDOW = 60.0

@@ -28,6 +28,7 @@ from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.notify.delivery import Delivery
 from vllm_triage.notify.receivers import build_receiver
 from vllm_triage.recording.files import recording_files
+from vllm_triage.rules import runtime_table
 from vllm_triage.serve.exporter import build_registry
 from vllm_triage.state import TargetState
 
@@ -58,7 +59,7 @@ def _replayed(name: str, recording: str, extra: dict[str, object] | None) -> Tar
         {"name": name, "url": "http://127.0.0.1:8000/metrics", **(extra or {})}
     )
     watcher = build_scraped(settings, target, client=httpx.AsyncClient(), notifier=None).target
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     for at, path in recording_files(RECORDINGS / recording):
         watcher.state.attempted(at)
         watcher.consume(parser.parse_bytes(path.read_bytes(), at))

@@ -7,6 +7,7 @@ from vllm_triage.assemble import build_target
 from vllm_triage.config.load import load_settings
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.demo.offline import START_AT, scenario_facts
+from vllm_triage.rules import runtime_table
 from vllm_triage.simulator import get_scenario
 from vllm_triage.state import TargetState
 
@@ -27,7 +28,7 @@ def watched(
     target = build_target(
         settings, name or scenario, f"http://127.0.0.1:1/{scenario}", notifier=None
     )
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     for at, body in recorded(sc, start_at=START_AT, interval_s=5.0, duration_s=duration_s):
         target.state.attempted(at, 0.012)
         target.consume(parser.parse(body, at))

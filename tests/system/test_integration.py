@@ -36,8 +36,6 @@ from vllm_triage.config.schema import Settings
 from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.model import Signals
-from vllm_triage.core.names import SAMPLES
-from vllm_triage.core.parse import parse_snapshot
 from vllm_triage.core.totals import Window
 from vllm_triage.fleet.source import PrometheusSource, shard_of
 from vllm_triage.render.relabel import relabel as shard_relabel
@@ -46,6 +44,7 @@ from vllm_triage.simulator import get_scenario, record
 from support.components import alertmanager, binary, ok, process, prometheus
 from support.fleet_sim import PodGpus, dcgm_exposition, relabel, serving
 from support.harness import free_port, metrics_url, running_daemon, simulated, wait_for
+from support.parsing import SAMPLES, parse_snapshot
 from support.paths import FIXTURES
 from support.receiver import Receiver
 

@@ -117,8 +117,10 @@ def check(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.time,
     progress: Progress | None = None,
+    runtime: str | None = None,
 ) -> dict[str, Any]:
-    """Scrape and diagnose; ``progress(done, of, outcome)`` is told after each scrape."""
+    """Scrape and diagnose; ``progress(done, of, outcome)`` is told after each scrape.
+    ``runtime``: the serving engine the server must be (default: detected)."""
     from vllm_triage.assemble import build_rulebook, model_rulebooks
     from vllm_triage.config.load import load_settings
     from vllm_triage.core.drive import Driver, Unusable
@@ -127,6 +129,7 @@ def check(
     from vllm_triage.errors import ScrapeError
     from vllm_triage.net.fetch import DEFAULT_MAX_BODY_BYTES, BlockingFetcher, not_metrics_hint
     from vllm_triage.net.redact import safe_url
+    from vllm_triage.rules import runtime_table
 
     settings = load_settings(config)
     # The window must hold every scrape of the check, whatever the settings say. The
@@ -138,7 +141,7 @@ def check(
         window_seconds=window * 2 + timeout,
         open_after=1,
     )
-    driver = Driver(evaluator)
+    driver = Driver(evaluator, runtime_table(), named=runtime)
     errors: Counter[str] = Counter()
     last: Evaluation | None = None
     ok = 0

@@ -36,6 +36,8 @@ Pure: the same ``Signals`` and ``Rulebook`` always give the same ``Diagnosis``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from vllm_triage.core import predict, prose
 from vllm_triage.core.checks import breaches_of, checks_of, confidence_of, is_present
 from vllm_triage.core.decode import decode_evidence, decode_remediation
@@ -75,6 +77,22 @@ def _contributing(
     )
 
 
+def _unjudged(s: Signals, breaches: tuple[str, ...]) -> Diagnosis:
+    """Breached, and none of the causes this runtime's metrics can show explains it: said,
+    never guessed (no incident opens on it)."""
+    return Diagnosis(
+        model_name=s.model_name,
+        at=s.at,
+        breaches=(),
+        cause=None,
+        summary=(
+            f"{', '.join(breaches)} breached, and {s.runtime.shown}'s metrics cannot show "
+            f"which cause: it judges only {', '.join(s.runtime.judges) or 'none'}"
+        ),
+        evidence={"unjudged_breaches": breaches, "runtime_limits": s.runtime.limits_for(None)},
+    )
+
+
 def _inconclusive(s: Signals) -> tuple[str, ...]:
     """The latency SLOs a window could not judge although work was in flight: a sparse
     load of long requests finishes too few of them in one window. Nothing in flight is an
@@ -93,8 +111,21 @@ def diagnose(s: Signals, rules: Rulebook, *, keep: Cause | None = None) -> Diagn
     ``keep`` is an open incident's cause: while its symptoms
     are still present it stays the primary cause, and the cause that led this window
     becomes a contributing one (``core.incidents`` decides when it has led long enough).
+
+    Only the causes the runtime's metrics can show are named (``Runtime.judges``), and
+    what its metrics cannot tell about the cause named is in the evidence
+    (``runtime_limits``).
     """
-    stalled = stall_diagnosis(s, rules)
+    d = _judge(s, rules, keep=keep)
+    limits = s.runtime.limits_for(d.cause) if d.cause is not None else ()
+    if limits:
+        d = replace(d, evidence={**d.evidence, "runtime_limits": limits})
+    return replace(d, runtime=s.runtime.name) if s.runtime.name != d.runtime else d
+
+
+def _judge(s: Signals, rules: Rulebook, *, keep: Cause | None) -> Diagnosis:
+    judged = s.runtime.judges
+    stalled = stall_diagnosis(s, rules) if "stalled" in judged else None
     if stalled is not None:
         return stalled
     f = facts_of(s, rules)
@@ -124,14 +155,18 @@ def diagnose(s: Signals, rules: Rulebook, *, keep: Cause | None = None) -> Diagn
             inconclusive=thin,
         )
     th = rules.thresholds
-    checks = {cause: checks_of(cause, f, th) for cause in SYMPTOM_CAUSES}
-    candidates: list[Cause] = [cause for cause in SYMPTOM_CAUSES if checks[cause][0]]
+    causes: list[Cause] = [c for c in SYMPTOM_CAUSES if c in judged]
+    checks = {cause: checks_of(cause, f, th) for cause in causes}
+    candidates: list[Cause] = [cause for cause in causes if checks[cause][0]]
     if not candidates:
         # Every breach maps to a cause above; this only guards against a future symptom
         # without one. Fall back on the symptom itself rather than staying silent.
-        candidates = ["decode_bound" if f.itl_breach else "queue_bound"]
+        fallback: Cause = "decode_bound" if f.itl_breach else "queue_bound"
+        candidates = [fallback] if fallback in judged else []
+    if not candidates:
+        return _unjudged(s, breaches)
     present: list[Cause] = [
-        c for c in SYMPTOM_CAUSES if c in candidates or is_present(c, f, checks[c], rules)
+        c for c in causes if c in candidates or is_present(c, f, checks[c], rules)
     ]
     cause = keep if keep in present and keep in SYMPTOM_CAUSES else candidates[0]
     confidence: dict[Cause, float] = {c: confidence_of(checks[c]) for c in present}

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from vllm_triage.core.evaluate import Evaluation, Evaluator
 from vllm_triage.core.model import ProbeStatus, Snapshot
 from vllm_triage.core.parse import ParseLimits, SnapshotParser, finish
+from vllm_triage.core.runtime import RuntimeTable
 from vllm_triage.errors import ParseError, TooCostlyError, UnjudgeableError
 
 
@@ -54,10 +55,13 @@ def evaluate(
 
 
 class Reader:
-    """One target's parser: bodies in, snapshots (or why not) out."""
+    """One target's parser: bodies in, snapshots (or why not) out. ``runtimes``: the
+    engines it reads; ``named``: the one the target's settings name, if any."""
 
-    def __init__(self, limits: ParseLimits | None = None) -> None:
-        self.parser = SnapshotParser() if limits is None else SnapshotParser(limits=limits)
+    def __init__(
+        self, runtimes: RuntimeTable, limits: ParseLimits | None = None, *, named: str | None = None
+    ) -> None:
+        self.parser = SnapshotParser(runtimes, limits=limits, named=named)
 
     def parse_steps(
         self, body: bytes, at: float, *, keep: Collection[str] = ()
@@ -83,8 +87,15 @@ class Driver(Reader):
     ``check``, the offline demo; the daemon's scrape loop reads with a ``Reader`` and
     hands the snapshot to its target, which evaluates it)."""
 
-    def __init__(self, evaluator: Evaluator, limits: ParseLimits | None = None) -> None:
-        super().__init__(limits)
+    def __init__(
+        self,
+        evaluator: Evaluator,
+        runtimes: RuntimeTable,
+        limits: ParseLimits | None = None,
+        *,
+        named: str | None = None,
+    ) -> None:
+        super().__init__(runtimes, limits, named=named)
         self.evaluator = evaluator
 
     def feed(self, body: bytes, at: float) -> Fed | Unusable:

@@ -142,11 +142,24 @@ class Evaluator:
         )
 
     def step(self, snapshot: Snapshot) -> Evaluation:
+        problems = snapshot.problems
+        newest = self.window.newest
+        if newest is not None and newest.runtime.name != snapshot.runtime.name:
+            # Another engine answers at the target's address: its series are not the
+            # old engine's, so nothing of the old window is compared with them.
+            problems = (
+                *problems,
+                f"the target's engine changed from {newest.runtime.shown} to "
+                f"{snapshot.runtime.shown}: its window starts again",
+            )
+            self.window = Window(
+                self.window_seconds, min_observations=self.rulebook.thresholds.min_observations
+            )
         if not self.window.push(snapshot):
-            return Evaluation(at=snapshot.at, accepted=False, problems=snapshot.problems)
+            return Evaluation(at=snapshot.at, accepted=False, problems=problems)
         self._last_at = snapshot.at
         signals = {model: self.window.signals(model) for model in self.window.models()}
-        return self._judge(snapshot.at, signals, {}, snapshot.problems)
+        return self._judge(snapshot.at, signals, {}, problems)
 
     def judge(
         self,

@@ -136,7 +136,13 @@ def facts_of(s: Signals, rules: Rulebook) -> Facts:
         queue_share=_queue_share(s),
         render_share=_render_share(s),
         prefill_share=s.prefill_time_share,
-        itl_spread=_ratio(itl, quantile_value(s.itl_p50)),
+        # A histogram of requests' mean gaps has no spikes to spread: they are averaged
+        # away inside each request (TensorRT-LLM's time per output token).
+        itl_spread=(
+            None
+            if s.runtime.itl_measures == "request_mean"
+            else _ratio(itl, quantile_value(s.itl_p50))
+        ),
         itl_p50=quantile_value(s.itl_p50),
         prompts=(s.prompt_tokens_per_second or 0.0) > 0.0,
         ceiling_ratio=ratio,
@@ -181,6 +187,9 @@ def evidence_of(s: Signals, f: Facts, rules: Rulebook) -> dict[str, EvidenceValu
         "generation_tokens_per_second": s.generation_tokens_per_second,
         "decode_tokens_per_second_per_stream": s.decode_tokens_per_second_per_stream,
     }
+    if s.runtime.itl_measures != "step" and s.step_source:
+        # Not the mean inter-token gap itself: say what the step was read from.
+        ev["decode_step_source"] = s.step_source
     if rules.ceiling is not None:
         ev["gpu"] = rules.ceiling.gpu
         ev["decode_ceiling_tokens_per_second"] = rules.ceiling.tokens_per_second

@@ -28,6 +28,75 @@ CAUSES: tuple[Cause, ...] = (
 )
 
 Era = Literal["v0", "transitional", "v1", "unknown"]
+#: The exposition format a body came in: the classic text (0.0.4) or OpenMetrics 1.0.
+Format = Literal["text", "openmetrics"]
+
+#: What one observation of the inter-token histogram is: the gap one request waited for
+#: one engine step (``step``), that gap divided by the tokens the step gave it
+#: (``token``), or one request's mean gap, observed when it finishes (``request_mean``).
+ItlMeasure = Literal["step", "token", "request_mean"]
+#: The series that move as the engine steps unless a spec says otherwise: its token and
+#: step counters, and the first-token and inter-token observations (vLLM writes all of
+#: them per engine step).
+STEP_FIELDS: frozenset[str] = frozenset(
+    {"generation_tokens", "prompt_tokens", "iterations", "preemptions", "ttft", "itl"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One thing an engine's metrics cannot tell, and what the diagnosis does instead:
+    ``says`` is the sentence the evidence carries (``"no preemption series on LMDeploy:
+    KV pressure judged from usage alone"``), ``affects`` the causes it bears on."""
+
+    what: str
+    says: str
+    affects: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """What one engine's metrics mean to the diagnosis. The defaults are vLLM's."""
+
+    name: str = "vllm"
+    title: str = "vLLM"
+    #: What one inter-token observation is (see ``ItlMeasure``).
+    itl_measures: ItlMeasure = "step"
+    #: The fields whose movement is the engine's progress (series written as it steps).
+    moves_with_steps: frozenset[str] = STEP_FIELDS
+    #: The causes its metrics can show; a cause outside these is never named.
+    judges: tuple[Cause, ...] = CAUSES
+    #: What its metrics cannot tell (said in the evidence of the causes they bear on).
+    limits: tuple[Limit, ...] = ()
+    #: A variant the scrape showed (vLLM's Rust frontend), empty for the plain one.
+    variant: str = ""
+    #: Fields this variant does not export: unknown, never zero.
+    absent: frozenset[str] = frozenset()
+
+    @property
+    def label(self) -> str:
+        """The name as a label value (``runtime="sglang"``)."""
+        return self.name
+
+    @property
+    def shown(self) -> str:
+        """The engine as a person reads it: ``vLLM (Rust frontend)``."""
+        return f"{self.title} ({self.variant})" if self.variant else self.title
+
+    def limits_for(self, cause: str | None) -> tuple[str, ...]:
+        """What this engine cannot tell about ``cause`` (every limit when None)."""
+        return tuple(
+            lim.says
+            for lim in self.limits
+            if cause is None or not lim.affects or cause in lim.affects
+        )
+
+    def limited(self, what: str) -> Limit | None:
+        return next((lim for lim in self.limits if lim.what == what), None)
+
+
+#: The reference semantics (vLLM's): what a snapshot without a runtime means.
+REFERENCE = Runtime()
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +196,7 @@ class ModelSeries:
     #: (``vllm:request_render_duration_seconds``, vLLM 0.34 on; not per engine).
     render_time: Histogram | None = None
     #: With two or more data-parallel engines: each engine's step-driven values
-    #: (``names.PER_ENGINE``), by its ``engine`` label. Empty for one engine.
+    #: (``names.PER_ENGINE``), by its rank label (vLLM's ``engine``). Empty for one.
     per_engine: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     #: Each engine's sleep state when vLLM's sleep mode is on (``awake``,
     #: ``weights_offloaded``, ``discard_all``), by its ``engine`` label.
@@ -136,6 +205,12 @@ class ModelSeries:
     #: (``vllm:estimated_*_per_gpu_total``; only with ``--enable-mfu-metrics``).
     estimated_read_bytes: float | None = None
     estimated_flops: float | None = None
+    #: The last engine step's seconds, where the engine exports it as a gauge
+    #: (TensorRT-LLM's iteration latency), and the tokens one request gets per step where a
+    #: gauge says (SGLang's speculative acceptance length, TensorRT-LLM's decoded tokens
+    #: per iteration); means over data-parallel ranks.
+    step_seconds: float | None = None
+    tokens_per_step: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +245,10 @@ class Snapshot:
     kv_pool: KVPool | None = None
     problems: tuple[str, ...] = ()
     probe: ProbeStatus | None = None
+    #: The serving engine the body is from, and what its metrics mean (vLLM's when a
+    #: snapshot is built without one), and the exposition format it came in.
+    runtime: Runtime = REFERENCE
+    format: Format = "text"
 
 
 Position = Literal["interpolated", "above_last_bound", "below_first_bound"]
@@ -339,6 +418,22 @@ class Signals:
     #: computed (window increases; ``None`` when not exposed).
     estimated_read_bytes: float | None = None
     estimated_flops: float | None = None
+    #: The serving engine, and what its metrics mean (``Runtime``).
+    runtime: Runtime = REFERENCE
+    #: The mean decode step, from what the engine measures (``step_source`` says what):
+    #: vLLM's and LMDeploy's inter-token gap (one per step), SGLang's (one per token)
+    #: times the tokens per step, TensorRT-LLM's last-iteration latency. ``None``: the
+    #: engine gives no step.
+    step_seconds_mean: float | None = None
+    step_source: str = ""
+
+    @property
+    def decode_step_seconds(self) -> float | None:
+        """The mean decode step: ``step_seconds_mean``, or the mean ITL where one
+        inter-token observation is one step (signals built without a step, in tests)."""
+        if self.step_seconds_mean is not None:
+            return self.step_seconds_mean
+        return self.itl_mean if self.runtime.itl_measures == "step" else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,6 +490,13 @@ class WindowTotals:
     progress_missing: str = "not exposed by this vLLM: no token, step or latency counter"
     #: The KV pool's settings as vLLM exported them (``KVPool.config``).
     kv_cache: CacheConfig | None = None
+    #: The serving engine, and what its metrics mean (``Runtime``).
+    runtime: Runtime = REFERENCE
+    #: The engine's own step gauges over the scrapes that found requests running: the
+    #: last step's seconds (TensorRT-LLM) and the tokens per step (speculative decoding's
+    #: acceptance length, SGLang's and TensorRT-LLM's); empty where not exported.
+    step_seconds: GaugeStats = GaugeStats()
+    tokens_per_step: GaugeStats = GaugeStats()
 
 
 #: One number (or fact) of a diagnosis's evidence; a tuple of strings names several
@@ -477,6 +579,9 @@ class Diagnosis:
     #: Each fix of ``remediation`` with its predicted effect (``core.predict``), in order.
     remediation_effects: tuple[RemediationEffect, ...] = ()
     sustained: bool = False
+    #: The serving engine judged (``Runtime.name``): the ``runtime`` label of alerts and
+    #: gauges.
+    runtime: str = "vllm"
 
     @property
     def breached(self) -> bool:

@@ -24,6 +24,7 @@ def diagnosis_dict(d: Diagnosis) -> dict[str, Any]:
     if "breaches" in evidence:  # a list here as at the top level, not "a,b"
         evidence["breaches"] = list(d.breaches)
     return {
+        "runtime": d.runtime,
         "confidence": d.confidence,
         "summary": d.summary,
         "breaches": list(d.breaches),

@@ -36,11 +36,14 @@ _MEANS = {
 #: why.
 INCONSISTENT_RESETS = 2
 
-#: Steps that compute this many times the tokens their running sequences decode carry
-#: prefill work (a third of their tokens or more are prompt tokens): their inter-token
-#: gaps hold prefill time, so a decode speed read from them would be the mixed steps'
-#: speed, not decode's (a ROCm report read a decode speed 2.7 times off that way).
-PREFILL_STEP_RATIO = 1.5
+#: Steps that compute at least this many times the tokens their running sequences
+#: decode carry prefill work (as many prompt tokens as decoded ones, or more): their
+#: inter-token gaps hold prefill time, so a decode speed read from them would be the mixed
+#: steps' speed, not decode's (a ROCm report read a decode speed 2.7 times off that way).
+#: Below it a prompt now and then joins a decode batch: a step of a few dozen more tokens
+#: costs about what a decode step does (both read the same weights), so the gaps are
+#: still decode's.
+PREFILL_STEP_RATIO = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +69,19 @@ class _EngineSteps:
     tokens_per_step: float = 1.0
 
     @classmethod
-    def of(cls, counters: dict[str, float], iteration: Histogram | None) -> _EngineSteps:
+    def of(
+        cls, counters: dict[str, float], iteration: Histogram | None, gauge: float | None = None
+    ) -> _EngineSteps:
+        """``gauge``: the tokens per step the engine reports itself (SGLang's acceptance
+        length, TensorRT-LLM's decoded tokens per iteration), used where it does not count
+        its drafts; below one (SGLang reads 0 with speculative decoding off) it is one."""
         drafts = counters.get("spec_drafts")
         accepted = counters.get("spec_accepted_tokens")
         per_step = 1.0
         if drafts and accepted is not None:
             per_step = 1.0 + accepted / drafts
+        elif gauge is not None and gauge > 1.0:
+            per_step = gauge
         return cls(
             histogram=iteration,
             tokens_mean=(
@@ -96,13 +106,14 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
     """
     span = t.span_seconds
     missing: dict[str, str] = {}
+    unexposed = f"not exposed by this {t.runtime.title}"
     for key, gauge in (
         ("running_mean", t.running),
         ("waiting_mean", t.waiting),
         ("kv_usage_mean", t.kv_usage),
     ):
         if gauge.mean is None:
-            missing[key] = "not exposed by this vLLM"
+            missing[key] = unexposed
     counters, hists = t.counters, t.histograms
     rates: dict[str, float | None] = dict.fromkeys(_RATES.values())
     ttft = itl = _Latency()
@@ -118,17 +129,19 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
             if name in counters:
                 rates[key] = counters[name] / span
             else:
-                missing[key] = "not exposed by this vLLM"
+                missing[key] = unexposed
         ttft, why = _latency(hists.get("ttft"), (0.5, 0.9, 0.99), span, min_observations)
+        why = unexposed if why == _UNEXPOSED else why
         if why is not None:
             missing["ttft_p99"] = why
         itl, why = _latency(hists.get("itl"), (0.5, 0.99), span, min_observations)
+        why = unexposed if why == _UNEXPOSED else why
         if why is not None:
             missing["itl_p99"] = why
         for name, key in _MEANS.items():
             found = hists.get(name)
             if found is None:
-                missing[key] = "not exposed by this vLLM"
+                missing[key] = unexposed
             elif found.count > 0:
                 means[key] = found.sum / found.count
             else:
@@ -150,16 +163,26 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
         for name in (*_RATES.values(), "ttft_p99", "itl_p99", *_MEANS.values()):
             missing[name] = why
     queued = hists.get("queue_time") if span > 0 else None
-    steps = _EngineSteps.of(dict(counters), hists.get("iteration_tokens") if span > 0 else None)
+    steps = _EngineSteps.of(
+        dict(counters),
+        hists.get("iteration_tokens") if span > 0 else None,
+        t.tokens_per_step.mean,
+    )
     if t.progress is None:
         missing["progress"] = t.progress_missing
+    for name in t.runtime.absent:
+        for key in _ABSENT_SIGNALS.get(name, ()):
+            missing[key] = f"not exported by {t.runtime.shown}: unknown, not zero"
+    step, source = _decode_step(t, itl.mean, steps.tokens_per_step)
+    if step is None and source:
+        missing["decode_step_seconds"] = source
     decode_rate: float | None = None
-    if itl.mean is not None and itl.mean > 0:
+    if step is not None and step > 0:
         mixed = _steps_carry_prefill(t, steps, rates)
         if mixed is None:
-            # One ITL sample per request per engine step, and a step may emit several
-            # tokens under speculative decoding: the rate is tokens per step / step.
-            decode_rate = steps.tokens_per_step / itl.mean
+            # A step may emit several tokens per request under speculative decoding: the
+            # rate is tokens per step / step.
+            decode_rate = steps.tokens_per_step / step
         else:
             missing["decode_tokens_per_second_per_stream"] = mixed
 
@@ -221,6 +244,47 @@ def signals_from_totals(t: WindowTotals, min_observations: int) -> Signals:
         kv_cache=t.kv_cache,
         estimated_read_bytes=counters.get("estimated_read_bytes") if span > 0 else None,
         estimated_flops=counters.get("estimated_flops") if span > 0 else None,
+        runtime=t.runtime,
+        step_seconds_mean=step,
+        step_source=source if step is not None else "",
+    )
+
+
+#: A field a runtime's variant does not export -> the signals it would have given.
+_ABSENT_SIGNALS: dict[str, tuple[str, ...]] = {
+    "render_time": ("render_time_mean",),
+    "prefill_time": ("prefill_time_mean",),
+    "decode_time": ("decode_time_mean",),
+    "queue_time": ("queue_time_mean",),
+}
+
+
+def _decode_step(
+    t: WindowTotals, itl_mean: float | None, tokens: float
+) -> tuple[float | None, str]:
+    """The window's mean decode step, from what the engine measures, and what that is
+    (or, with no step, why not). One inter-token observation is a step's gap (vLLM,
+    LMDeploy), a token's (SGLang: times the tokens per step), or a request's mean at its
+    end (TensorRT-LLM: its last-iteration latency gauge is the step instead)."""
+    measures = t.runtime.itl_measures
+    if measures == "step":
+        return itl_mean, "the mean inter-token latency (one per request per engine step)"
+    if measures == "token":
+        if itl_mean is None:
+            return None, ""
+        return itl_mean * tokens, (
+            f"the mean inter-token latency x {tokens:.3g} tokens per step "
+            f"({t.runtime.title} observes its inter-token latency per token)"
+        )
+    gauge = t.step_seconds.mean
+    if gauge is None:
+        return None, (
+            f"{t.runtime.title} observes each request's mean time per token at its end, and "
+            "exported no step latency in the window's busy scrapes: the decode step is unknown"
+        )
+    return gauge, (
+        f"{t.runtime.title}'s last-iteration latency, averaged over the scrapes with requests "
+        "running"
     )
 
 
@@ -267,13 +331,16 @@ def _mean(h: Histogram | None) -> float | None:
     return h.sum / h.count if h is not None and h.count > 0 else None
 
 
+_UNEXPOSED = "not exposed"
+
+
 def _latency(
     h: Histogram | None, qs: tuple[float, ...], span: float, min_observations: int
 ) -> tuple[_Latency, str | None]:
     """A latency histogram's observations, mean and quantiles, and why the quantiles are
     missing (``None`` when they are not)."""
     if h is None:
-        return _Latency(), "not exposed by this vLLM"
+        return _Latency(), _UNEXPOSED
     n = observations(h)
     mean = h.sum / h.count if h.count > 0 else None
     if n < min_observations:

@@ -23,36 +23,73 @@ from dataclasses import dataclass, field
 from vllm_triage.core.engines import balance_means
 from vllm_triage.core.histogram import counter_delta, histogram_add, histogram_delta
 from vllm_triage.core.model import (
+    REFERENCE,
     GaugeStats,
     Histogram,
     ModelSeries,
     Progress,
+    Runtime,
     Signals,
     Snapshot,
     WindowTotals,
 )
-from vllm_triage.core.names import COUNTER_FIELDS, HISTOGRAM_FIELDS
+from vllm_triage.core.runtime import COUNTER_FIELDS, HISTOGRAM_FIELDS
 from vllm_triage.core.signals import INCONSISTENT_RESETS, signals_from_totals
 
-#: The series vLLM writes only when its engine completes a step (docs/physics.md,
-#: "stalled"): token and step counters, the TTFT and ITL observation counts, and the
-#: scheduler's gauges. Request-level series (finished requests, e2e time) are left out:
-#: a client that gives up can end a request in the API server without the engine.
-PROGRESS_COUNTERS = ("generation_tokens", "prompt_tokens", "iterations", "preemptions")
+#: The series an engine writes only as it completes steps (docs/physics.md, "stalled"):
+#: token and step counters, the TTFT and ITL observation counts, and the scheduler's
+#: gauges. Which of the counters and counts move with the steps is the runtime's to say
+#: (``Runtime.moves_with_steps``): vLLM writes all of them per step, TensorRT-LLM counts
+#: tokens only when a request finishes (a long decode would look stalled on them).
+#: Request-level series (finished requests, e2e time) are left out unless the runtime
+#: says they move with its steps: a client that gives up can end a request in vLLM's API
+#: server without the engine.
+PROGRESS_COUNTERS = (
+    "generation_tokens",
+    "prompt_tokens",
+    "iterations",
+    "preemptions",
+    "requests_finished",
+)
 PROGRESS_COUNTS = ("ttft", "itl")
 PROGRESS_GAUGES = ("running", "waiting", "kv_usage")
+#: A gauge that changes with every step where the engine has one (TensorRT-LLM's last
+#: iteration latency): progress, as a counter is.
+PROGRESS_HEARTBEATS = ("step_seconds",)
 
 
-def progress_values(series: ModelSeries) -> dict[str, float]:
+def progress_names(runtime: Runtime) -> frozenset[str]:
+    """The names progress is watched by (as ``progress_values`` keys them) for a runtime."""
+    moves = runtime.moves_with_steps
+    return frozenset(
+        (
+            *(n for n in PROGRESS_COUNTERS if n in moves),
+            *PROGRESS_GAUGES,
+            *(n for n in PROGRESS_HEARTBEATS if n in moves),
+            *(f"{n}_count" for n in PROGRESS_COUNTS if n in moves),
+        )
+    )
+
+
+def progress_values(series: ModelSeries, runtime: Runtime = REFERENCE) -> dict[str, float]:
     """The step-driven values one model exposed (``_count`` for histograms)."""
+    moves = runtime.moves_with_steps
     out: dict[str, float] = {}
-    for name in (*PROGRESS_COUNTERS, *PROGRESS_GAUGES):
+    for name in PROGRESS_COUNTERS:
+        value = getattr(series, name)
+        if value is not None and name in moves:
+            out[name] = value
+    for name in PROGRESS_GAUGES:
         value = getattr(series, name)
         if value is not None:
             out[name] = value
+    for name in PROGRESS_HEARTBEATS:
+        value = getattr(series, name)
+        if value is not None and name in moves:
+            out[name] = value
     for name in PROGRESS_COUNTS:
         h = getattr(series, name)
-        if h is not None:
+        if h is not None and name in moves:
             out[f"{name}_count"] = h.count
     return out
 
@@ -316,8 +353,10 @@ class Window:
         at = snapshot.at
         for name in [m for m in self._watch if m not in snapshot.models]:
             del self._watch[name]
+        runtime = snapshot.runtime
+        watched = progress_names(runtime)
         for name, series in snapshot.models.items():
-            values = progress_values(series)
+            values = progress_values(series, runtime)
             w = self._watch.get(name)
             if w is None or at - w.seen_at > self.seconds:
                 # First sight, or a gap longer than the window (the daemon paused, the
@@ -330,7 +369,7 @@ class Window:
             owed_asleep = self._owed_while_asleep(w, series)
             if not series.per_engine and owed_asleep:
                 w.without = max(w.without, at - w.progress_at)
-            self._watch_engines(w, series, snapshot, owed_asleep)
+            self._watch_engines(w, series, snapshot, owed_asleep, watched)
 
     def _owed_while_asleep(self, w: _Watch, series: ModelSeries) -> dict[str, float]:
         """Engines asleep with requests waiting on them that their frozen gauges cannot
@@ -353,7 +392,12 @@ class Window:
         return owed
 
     def _watch_engines(
-        self, w: _Watch, series: ModelSeries, snapshot: Snapshot, owed_asleep: dict[str, float]
+        self,
+        w: _Watch,
+        series: ModelSeries,
+        snapshot: Snapshot,
+        owed_asleep: dict[str, float],
+        watched: frozenset[str],
     ) -> None:
         """Each data-parallel engine on its own: the merged series move while any one
         engine steps, so a hung engine among several shows only here. Its work
@@ -362,12 +406,13 @@ class Window:
         at = snapshot.at
         for engine in [e for e in w.engines if e not in series.per_engine]:
             del w.engines[engine]
-        for engine, values in series.per_engine.items():
+        for engine, all_values in series.per_engine.items():
+            values = {k: v for k, v in all_values.items() if k in watched}
             ew = w.engines.get(engine)
             if ew is None or at - ew.seen_at > self.seconds:
-                ew = w.engines[engine] = _Watch(dict(values), at, at)
+                ew = w.engines[engine] = _Watch(values, at, at)
             else:
-                _update(ew, dict(values), at, self.seconds)
+                _update(ew, values, at, self.seconds)
             owed = values.get("running", 0.0) + values.get("waiting", 0.0)
             ew.without = at - ew.progress_at if owed > 0 or engine in owed_asleep else 0.0
 
@@ -445,6 +490,10 @@ class Window:
         kv = _gauge([m.kv_usage for m in series])
         kv_max = max((m.kv_usage_max for m in series if m.kv_usage_max is not None), default=None)
         busy = [m for m in series if m.running]
+        step_gauges = {
+            name: _gauge([getattr(m, name) for m in busy])
+            for name in ("step_seconds", "tokens_per_step")
+        }
         # KV usage weighted by the requests running: the mean ITL weighs each step by the
         # requests it served, so the KV a mean step reads is weighted the same way (on a
         # batch that grows through the window, a plain mean lags the step it explains).
@@ -486,6 +535,12 @@ class Window:
             layout_changed=frozenset(layout_changed),
             progress=progress,
             counter_resets=resets,
+            runtime=newest.runtime,
+            progress_missing=(
+                f"not exposed by this {newest.runtime.title}: no token, step or latency counter"
+            ),
+            step_seconds=step_gauges["step_seconds"],
+            tokens_per_step=step_gauges["tokens_per_step"],
         )
 
 

@@ -21,6 +21,7 @@ from vllm_triage.core.drive import Driver, Unusable
 from vllm_triage.core.model import Cause, Transition
 from vllm_triage.demo.expectations import Event, problems, segments
 from vllm_triage.recording.files import write_scrape
+from vllm_triage.rules import runtime_table
 from vllm_triage.simulator import Scenario, get_scenario, record
 
 #: The demo's order: a healthy baseline, then one scenario per cause (the hang included:
@@ -142,7 +143,7 @@ def run_scenario(
     against what each phase was built to show (``demo.expectations``)."""
     scenario = get_scenario(name)
     evaluator = build_evaluator(settings)
-    driver = Driver(evaluator)
+    driver = Driver(evaluator, runtime_table())
     transitions: list[Transition] = []
     scrapes = 0
     if record_to is not None:

@@ -36,7 +36,18 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from vllm_triage.core.names import COUNTER_FIELDS, HISTOGRAM_FIELDS, PREFIXES, SAMPLES
+from vllm_triage.core.names import NameTable, Spec
+from vllm_triage.core.runtime import COUNTER_FIELDS, HISTOGRAM_FIELDS
+from vllm_triage.rules import runtime_table
+
+_TABLE = NameTable.of(runtime_table())
+_VLLM = runtime_table().spec("vllm")
+PREFIXES = _VLLM.prefixes
+SAMPLES: dict[str, tuple[str, Spec]] = {
+    name: (r.prefix, r.specs[0])
+    for name, r in _TABLE.samples.items()
+    if _TABLE.spec(r.runtime) is _VLLM
+}
 
 #: Histograms whose buckets are read (for quantiles and the roofline's step mix); the
 #: others only need their sum and count.

@@ -24,8 +24,9 @@ from typing import Any
 
 from vllm_triage.core.engines import balance_means
 from vllm_triage.core.model import CacheConfig, GaugeStats, Histogram, Progress, WindowTotals
-from vllm_triage.core.names import HISTOGRAM_FIELDS, MAX_ENGINES, label_value
+from vllm_triage.core.names import MAX_ENGINES, label_value
 from vllm_triage.core.roofline.kvpool import beyond_bounds, parse_cache_config, read_pool
+from vllm_triage.core.runtime import HISTOGRAM_FIELDS
 from vllm_triage.fleet.queries import BUCKET_FIELDS, COUNTERS, DCGM_MODEL, POOL_LABELS
 
 Row = Mapping[str, Any]

@@ -20,6 +20,7 @@ from vllm_triage.errors import ParseError, ScrapeError
 from vllm_triage.net.fetch import DEFAULT_MAX_BODY_BYTES, BlockingFetcher, not_metrics_hint
 from vllm_triage.net.redact import safe_url
 from vllm_triage.recording.files import write_scrape
+from vllm_triage.rules import runtime_table
 
 log = structlog.get_logger("vllm_triage.record")
 
@@ -63,7 +64,7 @@ def record(
     scrape_timeout = timeout if timeout is not None else max(min(interval, 10.0), 0.1)
     own_client = client is None
     http = client or BlockingFetcher()
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     stats = RecordStats()
     start = clock()
     next_tick = start

@@ -14,6 +14,7 @@ from pathlib import Path
 from vllm_triage.core.drive import Driver, Fed, Unusable
 from vllm_triage.core.evaluate import Evaluation, Evaluator
 from vllm_triage.recording.files import read_scrape, recording_files
+from vllm_triage.rules import runtime_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +41,10 @@ def fed(
         yield Skipped(path, at, result.message) if isinstance(result, Unusable) else result
 
 
-def replay(directory: str | Path, evaluator: Evaluator) -> Iterator[Evaluation | Skipped]:
-    """Run the core over a recording; yields one item per file."""
-    for item in fed(directory, Driver(evaluator)):
+def replay(
+    directory: str | Path, evaluator: Evaluator, *, runtime: str | None = None
+) -> Iterator[Evaluation | Skipped]:
+    """Run the core over a recording; yields one item per file. ``runtime``: the serving
+    engine the recording must be (default: detected from each body)."""
+    for item in fed(directory, Driver(evaluator, runtime_table(), named=runtime)):
         yield item if isinstance(item, Skipped) else item.evaluation

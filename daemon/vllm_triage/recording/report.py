@@ -29,6 +29,7 @@ from vllm_triage.page.document import (
 from vllm_triage.page.spec import load_spec
 from vllm_triage.recording.files import recording_files
 from vllm_triage.recording.replay import Skipped, fed
+from vllm_triage.rules import runtime_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,7 @@ def report_document(directory: str | Path, parts: ReportParts, *, now: float) ->
     eras: Counter[str] = Counter()
     prefixes: Counter[str] = Counter()
     files: list[float] = []
-    for item in fed(folder, Driver(parts.evaluator), listing):
+    for item in fed(folder, Driver(parts.evaluator, runtime_table()), listing):
         if isinstance(item, Skipped):
             files.append(item.at)
             skipped.append([item.path.name, item.reason])

@@ -23,6 +23,7 @@ from vllm_triage.core.parse import ParseLimits
 from vllm_triage.errors import ScrapeError
 from vllm_triage.logs import Throttle
 from vllm_triage.net.fetch import fetch_async, not_metrics_hint
+from vllm_triage.rules import runtime_table
 from vllm_triage.scrape.keep import ScrapeKeeper
 from vllm_triage.scrape.probe import Prober
 from vllm_triage.target import Target
@@ -39,6 +40,8 @@ class ScrapeParts:
     timeout: float
     max_body_bytes: int
     limits: ParseLimits
+    #: The serving engine the target's settings name (None: detected from each scrape).
+    runtime: str | None = None
 
 
 class Scraper:
@@ -61,7 +64,7 @@ class Scraper:
         #: The target's active probe, when its settings enable one (``scrape.probe``).
         self.prober = prober
         self.in_flight = False
-        self.reader = Reader(parts.limits)
+        self.reader = Reader(runtime_table(), parts.limits, named=parts.runtime)
         self._client = client
         self._clock = clock
         self._dropped = Throttle()

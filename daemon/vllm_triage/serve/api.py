@@ -91,6 +91,8 @@ def target_json(t: TargetState) -> dict[str, Any]:
                 "signals": {
                     **dataclasses.asdict(ev.signals[model]),
                     "at": iso(ev.signals[model].at),
+                    # The engine by name (what its metrics mean is docs/engines.md's).
+                    "runtime": ev.signals[model].runtime.name,
                 },
             }
         )

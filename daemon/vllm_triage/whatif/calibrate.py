@@ -34,6 +34,7 @@ from vllm_triage.core.model import ChangeValue, Signals
 from vllm_triage.core.predict import ServerTerms, change_reason
 from vllm_triage.core.roofline import step as roofline
 from vllm_triage.core.rulebook import Roofline
+from vllm_triage.rules import runtime_table
 from vllm_triage.simulator import Phase, Scenario, ServerSpec, Simulation, Workload
 from vllm_triage.whatif.budget import (
     MIN_STEP_SECONDS,
@@ -292,7 +293,7 @@ def replay(
     budget.requests(expected_requests(sc), why=why)
     budget.replays += 1
     interval = replay_interval(obs.span_seconds, len(obs.intervals))
-    driver = Driver(evaluator())
+    driver = Driver(evaluator(), runtime_table())
     last: Signals | None = None
     start = obs.at - sc.duration_s
     sim = Simulation(sc)

@@ -19,6 +19,7 @@ from vllm_triage.core.model import ModelSeries, Signals, Snapshot
 from vllm_triage.core.rulebook import Rulebook
 from vllm_triage.errors import RecordingError
 from vllm_triage.recording.replay import Skipped, fed
+from vllm_triage.rules import runtime_table
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +76,7 @@ def _evaluated(directory: str | Path, evaluator: Evaluator) -> tuple[float, list
     """Every accepted evaluation of the recording, and its first scrape's time."""
     items: list[Item] = []
     start: float | None = None
-    for item in fed(directory, Driver(evaluator)):
+    for item in fed(directory, Driver(evaluator, runtime_table())):
         if start is None:
             start = item.at if isinstance(item, Skipped) else item.snapshot.at
         if isinstance(item, Skipped) or not item.evaluation.accepted:

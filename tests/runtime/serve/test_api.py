@@ -103,11 +103,15 @@ class TestWithView:
         assert m["summary"]
         assert m["remediation"] and all(isinstance(r, str) for r in m["remediation"])
         assert m["evidence"]["kv_pool_tokens"] == 32768
-        assert m["evidence"]["decode_ceiling_ratio"] == pytest.approx(
-            m["evidence"]["decode_tokens_per_second_per_stream"]
-            / m["evidence"]["decode_ceiling_tokens_per_second"],
-            rel=1e-4,
+        # The preempted prompts' recomputation rides in the steps: no decode rate is
+        # read from them, so neither is its ratio to the ceiling (the ceiling is known).
+        assert "decode_tokens_per_second_per_stream" not in m["evidence"]
+        assert "decode_ceiling_ratio" not in m["evidence"]
+        assert m["evidence"]["decode_ceiling_tokens_per_second"] > 100
+        assert (
+            "steps carry prefill" in m["signals"]["missing"]["decode_tokens_per_second_per_stream"]
         )
+        assert m["runtime"] == m["signals"]["runtime"] == "vllm"
         assert m["signals"]["model_name"] == MODEL
         assert m["signals"]["ttft_p99"]["q"] == 0.99
         assert m["signals"]["kv_usage_max"] > 0.9

@@ -16,6 +16,7 @@ from vllm_triage.assemble import build_scraped
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import TargetSettings
 from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.rules import runtime_table
 from vllm_triage.serve.exporter import build_registry
 from vllm_triage.serve.listener import HttpServer, bind
 from vllm_triage.serve.routes import Endpoints
@@ -39,7 +40,7 @@ def watched(scenario: str, name: str, url: str, duration_s: float) -> Target:
         notifier=None,
         clock=lambda: START,
     ).target
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     for at, body in recorded(scenario, start_at=START, interval_s=5.0, duration_s=duration_s):
         w.state.attempted(at)
         w.consume(parser.parse(body, at))

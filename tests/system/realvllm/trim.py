@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from vllm_triage.core.names import SAMPLES
+from vllm_triage.fleet.queries import SAMPLES
 
 from system.realvllm.server import ServerFlags, vllm_python
 

@@ -62,7 +62,7 @@ def batch_of(s: Signals, engines: int) -> Batch:
         tokens = max(s.iteration_tokens_mean + rejected / s.iteration_steps, 1.0)
         return Batch(tokens, mix(h, tokens), ITERATION_TOKENS, sequences, draft_length)
     if sequences is not None:
-        prompts = (s.prompt_tokens_per_second or 0.0) * (s.itl_mean or 0.0) / engines
+        prompts = (s.prompt_tokens_per_second or 0.0) * (s.decode_step_seconds or 0.0) / engines
         tokens = max(sequences * (1.0 + draft_length) + prompts, 1.0)
         return Batch(tokens, ((1.0, tokens),), RUNNING, sequences, draft_length)
     return Batch(1.0, ((1.0, 1.0),), "unknown (one token assumed)", sequences, draft_length)

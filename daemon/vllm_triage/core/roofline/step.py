@@ -174,7 +174,7 @@ def _measured(
 def step_roofline(s: Signals, hw: Roofline) -> StepRoofline | None:
     """The window's decode step against its floor; ``None`` without a mean ITL, or when
     nothing a step reads is known (no weights, no KV, no estimate from vLLM)."""
-    step = s.itl_mean
+    step = s.decode_step_seconds
     if step is None or step <= 0:
         return None
     left_out: list[str] = []
