@@ -14,6 +14,8 @@ CONFIGS = FIXTURES / "configs"
 RECORDINGS = FIXTURES / "recordings"
 SCENARIO_FIXTURES = FIXTURES / "scenarios"
 VLLM_CAPTURES = FIXTURES / "vllm"
+#: Other serving engines' bodies, from their own metrics code (runtimes/SOURCES.md).
+RUNTIME_FIXTURES = FIXTURES / "runtimes"
 ALERTMANAGER = FIXTURES / "alertmanager"
 #: The exporter's golden /metrics (written by support/golden_metrics.py).
 GOLDEN = TESTS / "golden" / "metrics.prom"
