@@ -218,18 +218,20 @@ RUNTIME_ORDER = ("vllm", "sglang", "lmdeploy", "trtllm")
 
 
 @cache
+def runtime_documents() -> tuple[tuple[str, Any], ...]:
+    """The bundled runtime specs as read (``rules/runtimes/*.yaml``), in detection order:
+    ``(where, document)``. The simulator speaks their dialects from these."""
+    names = list_bundled(RUNTIMES)
+    ordered = [n for n in RUNTIME_ORDER if n in names]
+    ordered += [n for n in names if n not in RUNTIME_ORDER]
+    files = [f"{RUNTIMES}/{n}.yaml" for n in ordered]
+    return tuple((bundled_path(f), read_bundled(f)) for f in files)
+
+
+@cache
 def runtime_table() -> RuntimeTable:
     """The serving engines vllm-triage reads (``rules/runtimes/*.yaml``), as the core's
     shapes: read once, the same table everywhere."""
     from vllm_triage.core.runtime import RuntimeTable  # noqa: PLC0415 (rules/ stays a leaf)
 
-    names = list_bundled(RUNTIMES)
-    ordered = [n for n in RUNTIME_ORDER if n in names] + [
-        n for n in names if n not in RUNTIME_ORDER
-    ]
-    return RuntimeTable.of(
-        [
-            (bundled_path(f"{RUNTIMES}/{n}.yaml"), read_bundled(f"{RUNTIMES}/{n}.yaml"))
-            for n in ordered
-        ]
-    )
+    return RuntimeTable.of(runtime_documents())

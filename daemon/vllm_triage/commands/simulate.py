@@ -20,7 +20,10 @@ from vllm_triage.commands.argtypes import port_number, positive_float, seconds, 
 from vllm_triage.core.counts import counted
 from vllm_triage.errors import ConfigError
 from vllm_triage.simulator import Scenario, get_scenario, hold_last_phase, record, scenario_names
+from vllm_triage.simulator.textformat import Naming
 
+#: The engines whose metrics it can write (``simulator.dialects``).
+ENGINES = ("vllm", "sglang", "lmdeploy", "trtllm", "vllm-rust")
 #: 2026-01-01T00:00:00Z, the demo's start too: the same command writes the same files.
 DEFAULT_START = 1_767_225_600.0
 DEFAULT_INTERVAL_S = 5.0
@@ -42,8 +45,11 @@ examples:
   vllm-triage replay rec/
   vllm-triage simulate --scenario tour --port 8000 --speed 10
   vllm-triage simulate --scenario ./my-scenario.yaml --record rec/ --duration 300 --naming v0
+  vllm-triage simulate --scenario kv_pressure --engine sglang --record rec/ --duration 300
 
---naming v1 writes vLLM's current (V1 engine) metric names, v0 those of vLLM 0.5."""
+--naming v1 writes vLLM's current (V1 engine) metric names, v0 those of vLLM 0.5.
+--engine sglang, lmdeploy, trtllm or vllm-rust writes that engine's metrics instead
+(its names, label sets, buckets, and what it observes when): docs/engines.md."""
 
 
 def _names_for_help() -> str:
@@ -87,6 +93,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         choices=("v1", "v0"),
         default="v1",
         help="metric names of vLLM's V1 engine (default) or of vLLM 0.5",
+    )
+    p.add_argument(
+        "--engine",
+        "--runtime",
+        dest="engine",
+        choices=ENGINES,
+        default="vllm",
+        help="the serving engine whose metrics to write: vllm (default), sglang, lmdeploy, "
+        "trtllm (served at /prometheus/metrics, as trtllm-serve does) or vllm-rust (vLLM's "
+        "Rust frontend: OpenMetrics)",
     )
     rec = p.add_argument_group("with --record")
     rec.add_argument(
@@ -132,11 +148,20 @@ def _only_for(args: argparse.Namespace, flags: tuple[str, ...], mode: str) -> st
     return f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} only for {mode}"
 
 
+def _naming(args: argparse.Namespace) -> Naming:
+    """What to render: vLLM's era (``--naming``) or another engine's dialect."""
+    naming: Naming = args.naming if args.engine == "vllm" else args.engine
+    return naming
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the scenario, then record or serve; user errors are one line on stderr."""
     misused = _misused_flags(args)
     if misused:
         _error(misused)
+        return 2
+    if args.engine != "vllm" and args.naming != "v1":
+        _error(f"--naming is vLLM's; --engine {args.engine} has its own names")
         return 2
     try:
         scenario = get_scenario(args.scenario)
@@ -173,7 +198,7 @@ def _record(args: argparse.Namespace, scenario: Scenario) -> int:
             start_at=start,
             interval_s=interval,
             duration_s=args.duration,
-            naming=args.naming,
+            naming=_naming(args),
         ):
             write_scrape(directory, round(at * 1000), body.encode("utf-8"))
             written += 1
@@ -183,7 +208,7 @@ def _record(args: argparse.Namespace, scenario: Scenario) -> int:
     print(
         f"simulate: wrote {counted(written, 'scrape')} of {scenario.name} "
         f"({args.duration:g} simulated s, "
-        f"every {interval:g} s, {args.naming} names) to {directory} "
+        f"every {interval:g} s, {_naming(args)} names) to {directory} "
         f"in {time.perf_counter() - began:.1f} s",
         file=sys.stderr,
     )
@@ -211,7 +236,7 @@ def _serve(args: argparse.Namespace, scenario: Scenario) -> int:
             host=host,
             port=args.port,
             speed=args.speed or DEFAULT_SPEED,
-            naming=args.naming,
+            naming=_naming(args),
             until_s=args.duration,
         )
     except OSError as exc:  # port in use, address not local, name not resolved

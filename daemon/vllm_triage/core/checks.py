@@ -47,9 +47,10 @@ def checks_of(cause: Cause, f: Facts, th: Thresholds) -> list[bool | None]:
     room = None if f.kv_tight is None else not f.kv_tight
     if cause == "kv_pressure":
         return [
-            f.preempting or ((f.waiting > 0) and f.kv_tight is True),
+            f.preempting or ((f.waiting > 0) and f.kv_tight is True) or f.full_unseen_preemptions,
             f.kv_tight,
-            f.preempting,
+            # Unknown, not absent, where the engine counts no preemptions.
+            f.preempting or (None if f.full_unseen_preemptions else False),
             f.waiting > 0,
         ]
     if cause == "queue_bound":

@@ -52,6 +52,10 @@ class Facts:
     prompts: bool
     ceiling_ratio: float | None
     roofline: StepRoofline | None
+    #: The pool is full while a latency SLO breaches, on an engine that exports no
+    #: preemption count (LMDeploy, TensorRT-LLM): the preemptions it cannot show are
+    #: judged from the usage alone (``docs/engines.md``).
+    full_unseen_preemptions: bool = False
 
 
 def request_footprint_tokens(s: Signals) -> float | None:
@@ -125,9 +129,13 @@ def facts_of(s: Signals, rules: Rulebook) -> Facts:
     hw = rules.roofline
     if hw is None and rules.ceiling is not None:
         hw = roofline.weights_only(rules.ceiling)
+    ttft_breach = ttft is not None and ttft > slo.ttft_p99_seconds
+    itl_breach = itl is not None and itl > slo.itl_p99_seconds
+    unseen = s.runtime.limited("preemptions") is not None and s.preemptions_per_second is None
     return Facts(
-        ttft_breach=ttft is not None and ttft > slo.ttft_p99_seconds,
-        itl_breach=itl is not None and itl > slo.itl_p99_seconds,
+        ttft_breach=ttft_breach,
+        itl_breach=itl_breach,
+        full_unseen_preemptions=unseen and kv_tight is True and (ttft_breach or itl_breach),
         waiting=waiting,
         waiting_sustained=waiting >= slo.waiting_requests,
         preempting=(s.preemptions_per_second or 0.0) > 0.0,

@@ -20,6 +20,14 @@ def _fmt(x: float | None, unit: str = "", digits: int = 2) -> str:
     return "n/a" if x is None else f"{x:.{digits}g}{unit}"
 
 
+def _preemptions(s: Signals) -> str:
+    """``0.1/s preemptions, ``; nothing where the engine exports no preemption count
+    (its limit says so in the evidence), never "n/a preemptions"."""
+    if s.preemptions_per_second is None and s.runtime.limited("preemptions") is not None:
+        return ""
+    return f"{_fmt(s.preemptions_per_second, '/s')} preemptions, "
+
+
 def finished_share(share: float, finished: float) -> str:
     """The prefill share as what it is: the time of the requests that finished in the
     window (prefill and decode times are both observed at a request's end), not the
@@ -37,7 +45,7 @@ def summary(cause: Cause, s: Signals, f: Facts, rules: Rulebook) -> tuple[str, s
             else ""
         )
         return (
-            f"KV cache ran out: {_fmt(s.preemptions_per_second, '/s')} preemptions, "
+            f"KV cache ran out: {_preemptions(s)}"
             f"{f.waiting:.1f} requests waiting; KV "
             f"{_fmt(s.kv_usage_max and s.kv_usage_max * 100, '%', 3)} used at peak{room}",
             None,
@@ -113,7 +121,7 @@ def contribution_evidence(cause: Cause, s: Signals, f: Facts, rules: Rulebook) -
         )
         return (
             f"KV {_fmt(s.kv_usage_max and s.kv_usage_max * 100, '%', 3)} used at peak, "
-            f"{_fmt(s.preemptions_per_second, '/s')} preemptions{room}"
+            f"{_preemptions(s).removesuffix(', ') or 'no preemption count'}{room}"
         )
     if cause == "queue_bound":
         return f"{f.waiting:.1f} requests waiting while the KV cache has room"
@@ -123,8 +131,10 @@ def contribution_evidence(cause: Cause, s: Signals, f: Facts, rules: Rulebook) -
                 f"ITL p99 {_fmt(quantile_value(s.itl_p99), ' s')} is {f.itl_spread:.1f}x p50: "
                 "prefill chunks stall the decode steps they join"
             )
-        ttft, prefill = _fmt(quantile_value(s.ttft_p99), " s"), _fmt(s.prefill_time_mean, " s")
-        return f"TTFT p99 {ttft}, prefill {prefill} mean"
+        ttft = f"TTFT p99 {_fmt(quantile_value(s.ttft_p99), ' s')}"
+        if s.prefill_time_mean is None:
+            return ttft
+        return f"{ttft}, prefill {_fmt(s.prefill_time_mean, ' s')} mean"
     line = (
         f"ITL p50 {_fmt(f.itl_p50, ' s')} is {f.itl_p50 / rules.slo.itl_p99_seconds:.0%} of the "
         "ITL SLO: every token is slow, not only the spikes"

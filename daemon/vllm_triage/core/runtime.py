@@ -243,7 +243,18 @@ def _strs(value: Any, source: str, where: str) -> tuple[str, ...]:
 
 
 #: A family's keys (``unit`` is said for the reader; the vocabulary's units are fixed).
-_FAMILY_KEYS = frozenset({"type", "name", "era", "match", "scale", "buckets", "help", "unit"})
+#: ``scope`` (``server``: a series without the rank's labels, as an engine's API server
+#: writes it) and ``labels`` (constant labels of the family) describe the engine's label
+#: sets for the simulator's dialect; the parser keys on the model and rank labels alone.
+_FAMILY_KEYS = frozenset(
+    {"type", "name", "era", "match", "scale", "buckets", "help", "unit", "scope", "labels"}
+)
+#: The keys of a spec's ``labels``: the model's and the rank's label, the copy labels,
+#: and (for the simulator's dialect) the constant labels of every series, of the rank's
+#: series and of the gauges, and whether the rank label is there with one rank too.
+_LABEL_KEYS = frozenset(
+    {"model", "rank", "copies", "rank_always", "constant", "rank_constant", "gauge_constant"}
+)
 
 
 def _family(fname: str, entry: Any, source: str, where: str) -> Family:
@@ -342,6 +353,8 @@ def spec_from_document(doc: Any, *, source: str) -> RuntimeSpec:
     labels = doc.get("labels") or {}
     if not isinstance(labels, Mapping):
         raise _fail(source, "labels", "expected a mapping")
+    if set(labels) - _LABEL_KEYS:
+        raise _fail(source, "labels", f"unknown keys {sorted(set(labels) - _LABEL_KEYS)}")
     rank = labels.get("rank")
     if rank is not None and not isinstance(rank, str):
         raise _fail(source, "labels.rank", "expected a label name or null")

@@ -1,12 +1,20 @@
-"""vLLM's histogram bucket bounds, copied from real payloads, for both metric eras.
+"""vLLM's histogram bucket bounds, copied from real payloads, for both metric eras, and
+the grids the engine counts into.
 
-The engine counts into the V1 bounds; the V0 (0.5/0.6-era) bounds are subsets of them,
-so one set of counts renders both eras exactly (see ``exposition``). Sources, in
-``tests/fixtures/vllm/``: V1 from ``kvwarden-vllm-0.19.1-v1.txt`` (vLLM 0.19.1),
-V0 from ``kubeai-vllm-0.5.x-v0.txt`` (vLLM 0.5.3-0.5.4).
+The engine counts into grids that hold every bound any dialect renders: vLLM's V1
+bounds, and the bounds each runtime spec gives its families (``rules/runtimes/``: SGLang's
+TTFT from 0.1 s, LMDeploy's inter-token latency from 5 ms, ...). Every rendered set of
+bounds is a subset of its grid, so one set of counts renders every era and every engine
+exactly (see ``exposition`` and ``dialects``). Sources, in ``tests/fixtures/vllm/``: V1
+from ``kvwarden-vllm-0.19.1-v1.txt`` (vLLM 0.19.1), V0 from ``kubeai-vllm-0.5.x-v0.txt``
+(vLLM 0.5.3-0.5.4).
 """
 
 from __future__ import annotations
+
+from functools import cache
+
+from vllm_triage.rules import runtime_documents
 
 #: ``vllm:time_to_first_token_seconds`` (V1, 0.19.1).
 TTFT_V1: tuple[float, ...] = (
@@ -64,3 +72,28 @@ RENDER_V034: tuple[float, ...] = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5, 5.0, 10.0,
 )  # fmt: skip
+
+
+#: The vocabulary's histogram fields -> the V1 bounds their grid starts from.
+_BASE: dict[str, tuple[float, ...]] = {
+    "ttft": TTFT_V1,
+    "itl": ITL_V1,
+    "queue_time": REQUEST_LATENCY_V1,
+    "prefill_time": REQUEST_LATENCY_V1,
+    "decode_time": REQUEST_LATENCY_V1,
+    "prompt_length": TOKENS_GRID,
+    "generation_length": TOKENS_GRID,
+    "iteration_tokens": ITERATION_TOKENS_V1,
+}
+
+
+@cache
+def grid(field: str) -> tuple[float, ...]:
+    """The bounds the engine counts a histogram ``field`` into: V1's and every bundled
+    runtime's for that field."""
+    bounds = set(_BASE[field])
+    for _where, doc in runtime_documents():
+        entries = (doc.get("families") or {}).get(field) or []
+        for entry in entries if isinstance(entries, list) else [entries]:
+            bounds.update(float(b) for b in entry.get("buckets") or ())
+    return tuple(sorted(bounds))

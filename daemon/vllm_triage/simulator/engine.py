@@ -285,6 +285,7 @@ class Engine(EngineFaults):
             req.computed = 0
             if req.scheduled is None:
                 req.scheduled = self._now
+                self.stats.queue_start.observe(self._now - req.arrival)
             self._running.append(req)
             chunk = min(target, budget)
             prefill.append((req, chunk))
@@ -312,10 +313,12 @@ class Engine(EngineFaults):
         emitted = prompts = 0
         for req, chunk in step.prefill:
             req.computed += chunk
+            stats.prefill_computed += chunk
             if req.computed == req.target:
                 prompts += req.prompt if req.first_token is None else 0
                 finished |= self._emit(req, end, 1)
                 emitted += 1
+        firsts = emitted
         # A plain token mid-answer is the hot path (a step of a large batch has hundreds):
         # it is ``_emit`` inlined, one ITL observation, the same arithmetic in the same
         # order (so the same sums, to the last bit); first and last tokens, and steps with
@@ -360,6 +363,9 @@ class Engine(EngineFaults):
             self._running = [r for r in self._running if r.generated < r.output]
         # As vLLM: prompt tokens of the prefills completed in the step plus its output.
         stats.iteration_tokens.observe(prompts + emitted)
+        stats.last_step_s = end - self._now
+        decoding = len(step.decode)
+        stats.last_step_tokens = (emitted - firsts) / decoding if decoding else 1.0
         stats.steps += 1
         stats.busy_s += end - self._now
         stats.floor_s += step.floor
@@ -379,6 +385,10 @@ class Engine(EngineFaults):
         else:
             itl = at - req.last_token
             stats.itl.observe(itl)
+            if count > 1:
+                stats.itl_multi.observe(itl)
+                for _ in range(count):
+                    stats.itl_per_token.observe(itl / count)
             if self._keep_records:
                 req.itl.append(itl)
         req.last_token = at
@@ -394,6 +404,11 @@ class Engine(EngineFaults):
         stats.request_prompt_tokens.observe(req.prompt)
         stats.request_generation_tokens.observe(req.generated)
         stats.finished[req.reason] += 1
+        stats.ttft_finish.observe(req.first_token - req.sent)
+        if req.generated > 1:
+            stats.tpot.observe((at - req.first_token) / (req.generated - 1))
+        stats.prompt_tokens_finished += req.prompt
+        stats.generation_tokens_finished += req.generated
         if self._keep_records:
             self.records.append(
                 RequestRecord(

@@ -18,6 +18,13 @@ from dataclasses import dataclass
 
 from vllm_triage.simulator import buckets
 from vllm_triage.simulator.deployed_families import SleepGauge, render_frontends
+from vllm_triage.simulator.dialects import (
+    DIALECTS,
+    RUST,
+    SPEC_DIALECTS,
+    openmetrics_from_v1,
+    render_spec_dialect,
+)
 from vllm_triage.simulator.engine import Engine
 from vllm_triage.simulator.frontend import FrontendStats
 from vllm_triage.simulator.stats import FINISHED_REASONS, Histogram
@@ -412,8 +419,13 @@ def render(
     ``stats.created_s`` after an in-process reset). ``frontends`` are the models' API
     servers, whose render histogram comes last (V1 only, once observed).
     """
+    if naming in SPEC_DIALECTS:
+        return render_spec_dialect(naming, series)
+    if naming == RUST:
+        # The Rust frontend renders no render histogram (vLLM 0.34 does not have one there).
+        return openmetrics_from_v1(render(series, created_at=created_at, naming="v1"))
     if naming not in ("v0", "v1"):
-        raise ValueError(f"naming must be 'v0' or 'v1', not {naming!r}")
+        raise ValueError(f"naming must be 'v0', 'v1' or one of {DIALECTS}, not {naming!r}")
     labelled: list[Series] = []
     per_model: dict[str, int] = {}
     for model_name, engine in series:

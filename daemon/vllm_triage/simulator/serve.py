@@ -33,12 +33,22 @@ from urllib.parse import urlsplit
 
 import structlog
 
+from vllm_triage.simulator.dialects import OPENMETRICS_TYPE, RUST
 from vllm_triage.simulator.exposition import Naming
 from vllm_triage.simulator.scenarios import Scenario, hold_last_phase
 from vllm_triage.simulator.simulation import Simulation
 
 #: What vLLM (prometheus_client) sends for the classic text format.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: trtllm-serve's Prometheus path; its /metrics answers JSON iteration stats.
+TRTLLM_PATH = "/prometheus/metrics"
+
+
+def metrics_path(naming: Naming) -> str:
+    """Where the simulated engine serves its Prometheus metrics (as the real one does)."""
+    return TRTLLM_PATH if naming == "trtllm" else "/metrics"
+
+
 #: Seconds between the pacing loop's advances; also how soon a stop request is seen.
 PACE_S = 0.25
 
@@ -167,8 +177,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = urlsplit(self.path).path
-        if path == "/metrics":
-            self._reply(HTTPStatus.OK, self.server.live.metrics(), CONTENT_TYPE)
+        naming = self.server.live.naming
+        if path == metrics_path(naming):
+            ctype = OPENMETRICS_TYPE if naming == RUST else CONTENT_TYPE
+            self._reply(HTTPStatus.OK, self.server.live.metrics(), ctype)
+        elif path == "/metrics":  # trtllm-serve: its JSON iteration stats
+            body = b'[{"iter": 0, "iterLatencyMS": 0.0, "numActiveRequests": 0}]'
+            self._reply(HTTPStatus.OK, body, "application/json")
         elif path == "/health":  # vLLM: 200 with an empty body while the engine is up
             self._reply(HTTPStatus.OK, b"", "text/plain; charset=utf-8")
         else:
@@ -241,7 +256,7 @@ class SimulatedServer:
             "simulate_serving",
             host=host,
             port=port,
-            url=f"http://{host}:{port}/metrics",
+            url=f"http://{host}:{port}{metrics_path(live.naming)}",
             scenario=live.scenario.name,
             speed=live.speed,
             naming=live.naming,

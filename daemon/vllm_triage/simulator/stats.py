@@ -10,13 +10,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Literal
 
-from vllm_triage.simulator.buckets import (
-    ITERATION_TOKENS_V1,
-    ITL_V1,
-    REQUEST_LATENCY_V1,
-    TOKENS_GRID,
-    TTFT_V1,
-)
+from vllm_triage.simulator.buckets import REQUEST_LATENCY_V1, grid
 
 FinishedReason = Literal["stop", "length", "abort", "error", "repetition"]
 #: The ``finished_reason`` label values vLLM V1 pre-creates, in its order.
@@ -60,8 +54,9 @@ def _latency() -> Histogram:
     return Histogram(REQUEST_LATENCY_V1)
 
 
-def _tokens() -> Histogram:
-    return Histogram(TOKENS_GRID)
+def _on(field_name: str) -> Histogram:
+    """A histogram counted on the grid of the vocabulary's ``field_name``."""
+    return Histogram(grid(field_name))
 
 
 @dataclass(slots=True)
@@ -77,21 +72,39 @@ class EngineStats:
     finished: dict[FinishedReason, int] = field(
         default_factory=lambda: dict.fromkeys(FINISHED_REASONS, 0)
     )
-    ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_V1))
-    itl: Histogram = field(default_factory=lambda: Histogram(ITL_V1))
+    ttft: Histogram = field(default_factory=lambda: _on("ttft"))
+    itl: Histogram = field(default_factory=lambda: _on("itl"))
     e2e: Histogram = field(default_factory=_latency)
-    queue: Histogram = field(default_factory=_latency)
-    prefill: Histogram = field(default_factory=_latency)
-    decode: Histogram = field(default_factory=_latency)
-    request_prompt_tokens: Histogram = field(default_factory=_tokens)
-    request_generation_tokens: Histogram = field(default_factory=_tokens)
-    iteration_tokens: Histogram = field(default_factory=lambda: Histogram(ITERATION_TOKENS_V1))
+    queue: Histogram = field(default_factory=lambda: _on("queue_time"))
+    prefill: Histogram = field(default_factory=lambda: _on("prefill_time"))
+    decode: Histogram = field(default_factory=lambda: _on("decode_time"))
+    request_prompt_tokens: Histogram = field(default_factory=lambda: _on("prompt_length"))
+    request_generation_tokens: Histogram = field(default_factory=lambda: _on("generation_length"))
+    iteration_tokens: Histogram = field(default_factory=lambda: _on("iteration_tokens"))
     spec_drafts: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_per_position: dict[int, int] = field(default_factory=dict)
     steps: int = 0
     busy_s: float = 0.0
+    #: What other engines observe differently (``dialects``): TTFT observed when a
+    #: request finishes and each request's mean gap (TensorRT-LLM), queue time observed
+    #: when a request is first scheduled (SGLang), the token counters at a request's end
+    #: (TensorRT-LLM, SGLang's), prompt tokens computed as steps compute them; and the
+    #: inter-token observations of steps that emitted several tokens, as one gap per step
+    #: (``itl_multi``) and as that gap over each token (``itl_per_token``): SGLang's
+    #: histogram is ``itl`` less the first plus the second.
+    ttft_finish: Histogram = field(default_factory=lambda: _on("ttft"))
+    tpot: Histogram = field(default_factory=lambda: _on("itl"))
+    queue_start: Histogram = field(default_factory=lambda: _on("queue_time"))
+    prompt_tokens_finished: int = 0
+    generation_tokens_finished: int = 0
+    prefill_computed: int = 0
+    itl_multi: Histogram = field(default_factory=lambda: _on("itl"))
+    itl_per_token: Histogram = field(default_factory=lambda: _on("itl"))
+    #: The last step's duration, and the tokens it gave each decoding request.
+    last_step_s: float = 0.0
+    last_step_tokens: float = 1.0
     #: The engine's own truth, not exposed by vLLM: the hardware's share of each step
     #: (``floor_s``: the steps without their overhead), and the same weighted by the
     #: requests decoding in each step as vLLM's ITL histogram weighs steps:

@@ -13,7 +13,9 @@ from typing import Literal
 
 from vllm_triage.simulator.engine import Engine
 
-Naming = Literal["v0", "v1"]
+#: What a body is rendered as: vLLM's V0 or V1 names, or another engine's dialect
+#: (``dialects``: SGLang, LMDeploy, TensorRT-LLM, vLLM's Rust frontend).
+Naming = Literal["v0", "v1", "sglang", "lmdeploy", "trtllm", "vllm-rust"]
 Labels = dict[str, str]
 
 
