@@ -194,7 +194,7 @@ WINGS: dict[str, set[str]] = {
     "simulator": {"ceiling", "errors", "rules"},
     "page": {"core", "errors", "rules", "version"},
     # The SLOs written into Prometheus rules and the Grafana dashboard: values in, text out.
-    "render": {"errors"},
+    "render": {"core", "errors"},
     # Settings, and the edges of the runtime.
     "net": {"errors", "version"},
     "config": {"ceiling", "core", "net"} | LEAVES,

@@ -226,6 +226,7 @@ def build_scraped(
         timeout=settings.scrape_timeout,
         max_body_bytes=settings.max_body_bytes,
         limits=parse_limits(settings),
+        runtime=target.runtime,
     )
     return Scraper(
         built,

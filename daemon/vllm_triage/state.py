@@ -230,6 +230,12 @@ class TargetState:
     history: History | None = None
     #: The daemon's own recording of this target's scrapes, when ``run --record`` asks.
     recording: RecordingStats | None = None
+    #: The serving engine its metrics show (``vllm``, ``sglang``: the ``runtime`` label),
+    #: as people read it (``vLLM (Rust frontend)``), empty before the first scrape read;
+    #: and how often it changed.
+    runtime: str = ""
+    runtime_shown: str = ""
+    runtime_changes: int = 0
 
     def attempted(self, at: float, duration_s: float | None = None) -> None:
         """Count one scrape (or fleet step) taken at ``at``, whatever came of it."""

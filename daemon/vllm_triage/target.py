@@ -143,12 +143,33 @@ class Target:
         the notifier. With a store, the incident state and what the notifier did are one
         transaction."""
         self._in_order(snapshot.at)
+        self._runtime(snapshot)
         try:
             evaluation = evaluate(self.evaluator, snapshot, probe)
         except Exception as exc:  # whatever a peer's data sets off (errors.py)
             self.unjudgeable(exc)
             return
         self._saving(lambda: self._publish(evaluation))
+
+    def _runtime(self, snapshot: Snapshot) -> None:
+        """The serving engine the target's metrics show: said when first seen, and
+        whenever it changes (another engine at the address: its window starts again)."""
+        shown = snapshot.runtime.shown
+        before = self.state.runtime_shown
+        if shown == before:
+            return
+        self.state.runtime, self.state.runtime_shown = snapshot.runtime.name, shown
+        if not before:
+            log.info("runtime_detected", target=self.state.name, runtime=shown)
+        else:
+            self.state.runtime_changes += 1
+            log.warning(
+                "runtime_changed",
+                target=self.state.name,
+                was=before,
+                now=shown,
+                consequence="its window starts again: the old engine's series are not compared",
+            )
 
     def consume_signals(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from support.clirun import vllm_triage
@@ -45,6 +46,94 @@ class TestDefaults:
         result = vllm_triage("render", "dashboard", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert result.stdout == DASHBOARD.read_text(encoding="utf-8")
+
+
+ENGINES = ("sglang", "lmdeploy", "trtllm")
+
+
+class TestEngines:
+    """``--engine NAME`` (or ``--runtime``): the same records, causes and alerts over the
+    engine's own series, as its spec in rules/runtimes/ names them."""
+
+    @pytest.mark.parametrize("engine", ENGINES)
+    def test_rules_are_the_bundled_file(self, engine: str, tmp_path: Path) -> None:
+        result = vllm_triage("render", "rules", "--engine", engine, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        bundled = ROOT / "rules" / "prometheus" / f"{engine}-triage.rules.yaml"
+        assert result.stdout == bundled.read_text(encoding="utf-8")
+
+    def test_sglang_reads_its_own_series(self, tmp_path: Path) -> None:
+        result = vllm_triage("render", "rules", "--runtime", "sglang", cwd=tmp_path)
+        e = exprs(result.stdout)
+        # KV pressure from the KV pool only, not token_usage (the max of every pool).
+        assert "sglang:full_token_usage" in e["model:sglang_kv_cache_usage:max_1m"]
+        assert "sglang:token_usage" not in result.stdout
+        # The queue total, not its priority breakdown; tokens as the engine computes them.
+        assert 'sglang:num_queue_reqs{priority=""}' in e["model:sglang_requests_waiting:avg_1m"]
+        assert 'realtime_tokens_total{mode="decode"}' in e["model:sglang_generation_tokens:rate1m"]
+        # Ranks summed, copies of one scheduler read once.
+        assert "sum without (dp_rank" in e["model:sglang_ttft_seconds:mean_1m"]
+        assert (
+            "max without (tp_rank, pp_rank, moe_ep_rank, pid)"
+            in e["model:sglang_ttft_seconds:mean_1m"]
+        )
+        assert e["model:sglang_triage_stalled:active"] == (
+            "max without (dp_rank) (engine:sglang_triage_stalled:active)"
+        )
+        # No prefill time on SGLang: no prefill share record (the causes find none).
+        assert "model:sglang_prefill_time:ratio_1m" not in e
+        alerts = {
+            r["alert"]: r
+            for g in yaml.safe_load(result.stdout)["groups"]
+            for r in g["rules"]
+            if "alert" in r
+        }
+        kv = alerts["SglangKvPressure"]
+        assert kv["labels"]["runtime"] == "sglang"
+        assert "--mem-fraction-static" in kv["annotations"]["remediation"]
+        assert "sleep_state" not in result.stdout
+
+    def test_trtllm_progress_is_never_its_token_counters(self, tmp_path: Path) -> None:
+        """TensorRT-LLM counts tokens when a request finishes: its stall watch reads the
+        iteration latency, completions and the scheduler's gauges; its ITL is each
+        request's mean, so no spike test is written."""
+        result = vllm_triage("render", "rules", "--engine", "trtllm", cwd=tmp_path)
+        e = exprs(result.stdout)
+        progress = e["engine:trtllm_engine_progress:changes1m"]
+        assert "trtllm_iteration_latency_seconds" in progress
+        assert "trtllm_num_requests_completed_total" in progress
+        assert "tokens_total" not in progress
+        assert "p50_1m" not in e["model:trtllm_triage_prefill_bound:active"]
+        assert "model:trtllm_preemptions:rate1m" not in e
+
+    def test_prometheusrule_is_named_for_the_engine(self, tmp_path: Path) -> None:
+        result = vllm_triage(
+            "render", "rules", "--engine", "lmdeploy", "--format", "prometheusrule", cwd=tmp_path
+        )
+        assert result.returncode == 0, result.stderr
+        doc = yaml.safe_load(result.stdout)
+        assert doc["metadata"]["name"] == "vllm-triage-lmdeploy"
+        assert doc["spec"]["groups"][0]["name"] == "lmdeploy-triage-signals"
+
+    @pytest.mark.parametrize("engine", ENGINES)
+    def test_dashboard_draws_the_engines_series(self, engine: str, tmp_path: Path) -> None:
+        result = vllm_triage("render", "dashboard", "--engine", engine, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        board = json.loads(result.stdout)
+        assert board["uid"] == f"vllm-triage-{engine}"
+        exprs_ = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+        prefix = {"sglang": "sglang:", "lmdeploy": "lmdeploy:", "trtllm": "trtllm_"}[engine]
+        assert any(prefix in x for x in exprs_)
+        assert not any("vllm:" in x for x in exprs_)
+
+    def test_vllm_is_the_default(self, tmp_path: Path) -> None:
+        result = vllm_triage("render", "rules", "--engine", "vllm", cwd=tmp_path)
+        assert result.stdout == RULES.read_text(encoding="utf-8")
+
+    def test_an_unknown_engine_is_refused(self, tmp_path: Path) -> None:
+        result = vllm_triage("render", "rules", "--engine", "tgi", cwd=tmp_path)
+        assert result.returncode == 2
+        assert "not an engine vllm-triage reads: 'tgi'" in result.stderr
 
 
 class TestWithSettings:

@@ -368,6 +368,7 @@ class TestWebhookPayload:
             "target": TARGET,
             "model_name": MODEL,
             "diagnosis": "kv_pressure",
+            "runtime": "vllm",
         }
         assert alert["fingerprint"] == fingerprint(alert["labels"])
         assert alert["startsAt"] == "2026-11-29T20:21:09.463Z"

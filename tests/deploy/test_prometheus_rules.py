@@ -12,7 +12,7 @@ import yaml
 from vllm_triage.rules import read_bundled
 
 from support.clirun import HANG_S
-from support.rule_tests import NAMINGS, RULES_DIR, TESTS_DIR, path_for, render
+from support.rule_tests import DIALECTS, NAMINGS, RULES_DIR, TESTS_DIR, path_for, render
 
 RULES = RULES_DIR / "vllm-triage.rules.yaml"
 
@@ -32,7 +32,7 @@ def exprs() -> dict[str, str]:
 
 
 class TestGenerated:
-    @pytest.mark.parametrize("naming", NAMINGS)
+    @pytest.mark.parametrize("naming", (*NAMINGS, *DIALECTS))
     def test_committed_tests_are_what_the_simulator_gives(self, naming: str) -> None:
         """rules/prometheus/tests/scenarios-*.yaml are current: `python tests/support/rule_tests.py`
         regenerates them byte for byte (the simulator is deterministic)."""
@@ -68,14 +68,23 @@ class TestPromtool:
         assert result.returncode == 0, result.stdout + result.stderr
         assert "SUCCESS: 34 rules found" in result.stdout
 
+    @pytest.mark.parametrize("engine", ("sglang", "lmdeploy", "trtllm"))
+    def test_check_each_engines_rules(self, engine: str) -> None:
+        """Every engine's rules are valid; SGLang, LMDeploy and TensorRT-LLM have no
+        sleep mode, so one rule fewer than vLLM's."""
+        result = promtool("check", "rules", str(RULES_DIR / f"{engine}-triage.rules.yaml"))
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "SUCCESS: 33 rules found" in result.stdout
+
     def test_each_scenario_fires_exactly_its_alert(self) -> None:
         """promtool test rules over every committed test file: each simulated scenario,
-        under both namings, fires its own alert and no other; healthy fires none."""
+        under both namings and in every engine's dialect, fires its own alert and no
+        other; healthy fires none."""
         files = sorted(str(p) for p in TESTS_DIR.glob("*.test.yaml"))
-        assert len(files) == 3
+        assert len(files) == 7
         result = promtool("test", "rules", *files)
         assert result.returncode == 0, result.stdout + result.stderr
-        assert result.stdout.count("SUCCESS") == 3
+        assert result.stdout.count("SUCCESS") == 7
 
     def test_the_tests_catch_a_wrong_rule(self, tmp_path: Path) -> None:
         """The scenario tests can fail: with KV pressure's usage cut-off raised out of

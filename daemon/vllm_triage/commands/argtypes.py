@@ -93,3 +93,40 @@ def http_url(text: str) -> str:
     raise argparse.ArgumentTypeError(
         f"expected an http:// or https:// URL such as http://127.0.0.1:8000/metrics, got {text!r}"
     )
+
+
+#: What ``--runtime`` (or ``--engine``) says in every command's --help.
+RUNTIME_HELP = (
+    "the serving engine: vllm, sglang, lmdeploy or trtllm (default: detected from what "
+    "its metrics show; named, another engine's metrics are an error, and a URL without a "
+    "path gets the engine's metrics path; --engine is the same flag)"
+)
+
+
+def runtime_name(text: str) -> str:
+    """A serving engine vllm-triage reads (rules/runtimes/)."""
+    from vllm_triage.rules import runtime_table
+
+    names = runtime_table().names
+    if text not in names:
+        raise argparse.ArgumentTypeError(
+            f"not an engine vllm-triage reads: {text!r} ({', '.join(names)})"
+        )
+    return text
+
+
+def add_runtime(p: argparse.ArgumentParser, help_text: str = RUNTIME_HELP) -> None:
+    """``--runtime NAME`` (or ``--engine NAME``: the issue's and many users' word)."""
+    p.add_argument(
+        "--runtime", "--engine", dest="runtime", type=runtime_name, metavar="NAME", help=help_text
+    )
+
+
+def metrics_url(url: str, runtime: str | None) -> str:
+    """``url``, with the named engine's metrics path when it has none."""
+    if runtime is None:
+        return url
+    from vllm_triage.config.schema import with_metrics_path
+    from vllm_triage.rules import runtime_table
+
+    return with_metrics_path(url, runtime_table().spec(runtime).metrics_path)

@@ -30,7 +30,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, TextIO
 
-from vllm_triage.commands.argtypes import MIN_SECONDS, http_url, positive_int, seconds
+from vllm_triage.commands.argtypes import (
+    MIN_SECONDS,
+    add_runtime,
+    http_url,
+    metrics_url,
+    positive_int,
+    seconds,
+)
 from vllm_triage.core.counts import counted
 from vllm_triage.errors import TriageError
 
@@ -79,6 +86,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--config", metavar="FILE", help="YAML settings (SLOs, hardware, model)")
     p.add_argument("--format", choices=("text", "json"), default="text")
+    add_runtime(p)
     p.set_defaults(func=run)
 
 
@@ -202,8 +210,11 @@ def check(
                     "idle": not active and s.ttft_p99 is None and s.itl_p99 is None,
                 }
             )
+    engines = sorted({s.runtime.shown for s in last.signals.values()}) if last is not None else []
     result: dict[str, Any] = {
         "url": safe_url(url),  # without user:password or query values
+        # The serving engine its metrics showed (vLLM, SGLang, vLLM (Rust frontend), ...).
+        "runtime": ", ".join(engines) or None,
         "scrapes_ok": ok,
         "scrapes_tried": sum(errors.values()) + ok,
         "stopped_early": stopped_early,
@@ -220,7 +231,8 @@ def _fmt(x: float | None, unit: str = "") -> str:
 
 
 def _text(result: dict[str, Any]) -> str:
-    lines = [f"vllm-triage check {result['url']}: {result['verdict'].replace('_', ' ')}"]
+    engine = f" ({result['runtime']})" if result.get("runtime") else ""
+    lines = [f"vllm-triage check {result['url']}{engine}: {result['verdict'].replace('_', ' ')}"]
     for e in result["errors"]:
         times = f" ({e['times']} of {result['scrapes_tried']} scrapes)" if e["times"] > 1 else ""
         lines.append(f"  scrape failed{times}: {e['error']}")
@@ -304,7 +316,8 @@ def run(args: argparse.Namespace) -> int:
     progress = terminal_progress(sys.stderr, window=args.window) if sys.stderr.isatty() else None
     try:
         result = check(
-            args.url,
+            metrics_url(args.url, args.runtime),
+            runtime=args.runtime,
             window=args.window,
             scrapes=args.scrapes,
             timeout=args.timeout,

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vllm_triage.commands.argtypes import http_url, positive_float, positive_int, seconds
+from vllm_triage.commands.argtypes import (
+    add_runtime,
+    http_url,
+    metrics_url,
+    positive_float,
+    positive_int,
+    seconds,
+)
 from vllm_triage.core.counts import counted
 
 
@@ -57,6 +64,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="N",
         help="refuse bodies larger than this (default 16 MiB)",
     )
+    add_runtime(p)
     p.set_defaults(func=run)
 
 
@@ -66,8 +74,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         stats = record(
-            args.url,
+            metrics_url(args.url, args.runtime),
             args.out,
+            runtime=args.runtime,
             interval=args.interval,
             duration=args.duration,
             timeout=args.timeout,

@@ -13,10 +13,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vllm_triage.commands.argtypes import add_runtime
+
 if TYPE_CHECKING:  # imported when run: `vllm-triage --help` need not load pydantic
     from vllm_triage.config.schema import Settings
     from vllm_triage.render.relabel import ShardRule
-    from vllm_triage.render.templates import Objectives
+    from vllm_triage.render.templates import EngineDialect, Objectives
 
 DESCRIPTION = """\
 Write vllm-triage's Prometheus rules (recording rules and alerts: the diagnosis in
@@ -24,6 +26,9 @@ PromQL) or its Grafana dashboard with the SLOs and thresholds of the settings: r
 defaults.yaml, then --config FILE, then VLLM_TRIAGE_* variables, as `run` reads them.
 The rules judge by slo.* and thresholds.*; the dashboard draws each daemon's SLO from the
 gauge vllm_triage_slo_seconds and the stall and roofline lines from the settings.
+--engine NAME writes them for another serving engine's metrics (SGLang, LMDeploy,
+TensorRT-LLM), from its spec in rules/runtimes/: the same records and alerts over its own
+series, and the dashboard's raw panels on them.
 
 `render sidecar --deployment NAME --output DIR` writes the Kubernetes sidecar for the
 vLLM Deployment NAME: configmap.yaml (the settings, in the Deployment's namespace;
@@ -44,10 +49,23 @@ examples:
   vllm-triage render sidecar --deployment vllm-llama3-deployment-vllm --namespace llm \
       --config triage.yaml --output k8s/vllm-triage
   vllm-triage render relabel --config triage.yaml   # then paste into the scrape jobs
+  vllm-triage render rules --engine sglang --output rules/sglang-triage.rules.yaml
 
 Without --config, the defaults: exactly rules/prometheus/vllm-triage.rules.yaml,
 deploy/kubernetes/prometheusrule.yaml and deploy/grafana/dashboards/vllm-triage.json;
+with --engine sglang (lmdeploy, trtllm), rules/prometheus/sglang-triage.rules.yaml;
 deploy/kubernetes/ holds `render sidecar --deployment vllm`."""
+
+
+def dialect_of(runtime: str | None) -> EngineDialect | None:
+    """The named engine's names for the rules and panels (None: vLLM's, the bundled)."""
+    if runtime is None or runtime == "vllm":
+        return None
+    from vllm_triage.render.engines import engine_dialect
+    from vllm_triage.rules import runtime_documents, runtime_table
+
+    doc = next(d for _, d in runtime_documents() if d.get("name") == runtime)
+    return engine_dialect(runtime_table().spec(runtime), doc)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -106,6 +124,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--image",
         metavar="REF",
         help="the sidecar's image (default: the release's, at this version)",
+    )
+    add_runtime(
+        p,
+        "the serving engine whose metrics the rules and raw panels read: vllm (default), "
+        "sglang, lmdeploy or trtllm (--runtime is the same flag)",
     )
     p.set_defaults(func=run)
 
@@ -274,6 +297,8 @@ def run(args: argparse.Namespace) -> int:
     from vllm_triage.render.relabel import relabel
     from vllm_triage.render.templates import dashboard, prometheusrule, rules
 
+    if args.what in ("sidecar", "relabel") and args.runtime not in (None, "vllm"):
+        return _error("--engine is for `render rules` and `render dashboard`")
     if args.what == "sidecar":
         return run_sidecar(args)
     sidecar_only = [f for f in ("deployment", "namespace", "image") if getattr(args, f) is not None]
@@ -284,14 +309,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     settings = load_settings(args.config)  # a ConfigError is reported by the CLI: exit 2
     objectives = objectives_of(settings, origin(args.config))
+    dialect = dialect_of(args.runtime)
     if args.what == "relabel":
         text = relabel(shard_rule(settings, origin(args.config)))
     elif args.what == "dashboard":
-        text = dashboard(objectives)
+        text = dashboard(objectives, dialect)
     elif args.format == "prometheusrule":
-        text = prometheusrule(objectives)
+        text = prometheusrule(objectives, dialect)
     else:
-        text = rules(objectives)
+        text = rules(objectives, dialect)
     if args.output is None:
         sys.stdout.write(text)
         return 0

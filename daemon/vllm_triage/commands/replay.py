@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vllm_triage.commands.argtypes import add_runtime
+
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
@@ -28,6 +30,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="text for people, json for one object per line (default text)",
     )
     p.add_argument("--strict", action="store_true", help="exit 1 if any file could not be used")
+    add_runtime(p)
     p.set_defaults(func=run)
 
 
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     evaluator = build_evaluator(load_settings(args.config))
     files = skipped = transitions = 0
-    for item in replay(args.directory, evaluator):
+    for item in replay(args.directory, evaluator, runtime=args.runtime):
         files += 1
         if not isinstance(item, Evaluation):
             skipped += 1

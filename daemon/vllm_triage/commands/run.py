@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from vllm_triage.commands.argtypes import seconds
+from vllm_triage.commands.argtypes import add_runtime, seconds
+from vllm_triage.errors import ConfigError
 
 DESCRIPTION = """\
 Watch one or more vLLM servers: scrape each /metrics every interval, diagnose why
@@ -85,6 +86,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="[NAME=]URL",
         help="a vLLM /metrics URL to watch (repeatable; replaces the file's targets)",
     )
+    add_runtime(
+        p,
+        "the serving engine of every --target: vllm, sglang, lmdeploy or trtllm (default: "
+        "detected from each scrape; a target in the --config file names its own with "
+        "runtime:; --engine is the same flag)",
+    )
     p.add_argument(
         "--webhook",
         action="append",
@@ -110,7 +117,11 @@ def flags(args: argparse.Namespace) -> dict[str, Any]:
     if args.interval is not None:
         out["interval_seconds"] = args.interval
     if args.target:
-        out["targets"] = args.target
+        out["targets"] = [
+            {**t, "runtime": args.runtime} if args.runtime else t for t in args.target
+        ]
+    elif args.runtime:
+        raise ConfigError("--runtime names the engine of the --target URLs: give --target too")
     if args.record is not None:
         out["record"] = {"dir": args.record}
     if args.state_dir is not None:
@@ -127,7 +138,6 @@ def flags(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from vllm_triage.assemble import build_daemon
     from vllm_triage.config.load import load_settings
-    from vllm_triage.errors import ConfigError
     from vllm_triage.store import default_state_dir
 
     config = args.config

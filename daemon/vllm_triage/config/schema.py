@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import (
     AfterValidator,
@@ -41,6 +41,7 @@ from vllm_triage.core.parse import (
 )
 from vllm_triage.errors import ConfigError
 from vllm_triage.net.redact import safe_url
+from vllm_triage.rules import runtime_table
 
 #: Every section: frozen, unknown keys refused, and no number that is not finite
 #: (``inf`` or ``nan`` would pass a ``gt=0`` and break the arithmetic or the scheduler).
@@ -243,6 +244,18 @@ class ProbeSettings(BaseModel):
     user: str = Field(default="vllm-triage-probe", min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")
 
 
+def with_metrics_path(url: str, path: str) -> str:
+    """``url`` with ``path`` when it has none (``http://host:8000`` -> ``.../metrics``): a
+    named engine's metrics path is the default."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.path not in ("", "/"):
+        return url
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, parts.fragment))
+
+
 def target_name(url: str) -> str:
     """The name a target gets when none is given: its host and port, as ``--target URL``
     names it (never the user:password part of a URL)."""
@@ -277,12 +290,20 @@ ServerLabels = Annotated[
 
 
 class TargetSettings(HttpAuth):
-    """One vLLM server to watch. ``hardware`` and ``model`` replace the top-level ones;
-    ``name`` defaults to the URL's host:port."""
+    """One inference server to watch. ``hardware`` and ``model`` replace the top-level
+    ones; ``name`` defaults to the URL's host:port.
+
+    ``runtime`` names its serving engine (``vllm``, ``sglang``, ``lmdeploy``, ``trtllm``:
+    rules/runtimes/, docs/engines.md); unset, each scrape's families say which it is.
+    Named, a scrape of another engine is an error that says so, and a URL without a path
+    gets the engine's metrics path (trtllm-serve's is ``/prometheus/metrics``). ``engine``
+    is taken for ``runtime`` (in vllm-triage's words an engine is one of vLLM's
+    data-parallel ranks, so ``runtime`` is the key written back)."""
 
     name: Name
     #: Not in repr(): it may hold user:password or a token (shown via ``redact.safe_url``).
     url: HttpUrl = Field(repr=False)
+    runtime: str | None = None
     hardware: HardwareSettings | None = None
     model: ModelSettings | None = None
     probe: ProbeSettings = ProbeSettings()
@@ -296,6 +317,29 @@ class TargetSettings(HttpAuth):
             derived = target_name(data["url"])
             if derived:
                 return {**data, "name": derived}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _runtime_and_its_path(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping) or ("engine" not in data and "runtime" not in data):
+            return data
+        data = dict(data)
+        if "engine" in data:
+            if "runtime" in data:
+                raise ValueError("give runtime (the serving engine), not both runtime and engine")
+            data["runtime"] = data.pop("engine")
+        name, url = data.get("runtime"), data.get("url")
+        if name is None:
+            return data
+        known = runtime_table()
+        if not isinstance(name, str) or known.get(name) is None:
+            raise ValueError(
+                f"runtime {name!r} is not an engine vllm-triage reads; known: "
+                f"{', '.join(known.names)}"
+            )
+        if isinstance(url, str):
+            data["url"] = with_metrics_path(url, known.spec(name).metrics_path)
         return data
 
 

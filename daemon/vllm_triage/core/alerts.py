@@ -226,10 +226,14 @@ def alert_labels(
     cause: Cause,
     severity: str,
     server: Mapping[str, str] | None = None,
+    runtime: str = "vllm",
 ) -> dict[str, str]:
     """An alert's identity: the daemon's own labels and the server's identity labels
     (``server``; an empty value is left out, as Alertmanager treats it as absent). A
-    peer's values on one line, their control characters as escapes (``one_line``)."""
+    peer's values on one line, their control characters as escapes (``one_line``).
+    ``runtime`` names the serving engine (``vllm``, ``sglang``): not ``engine``, which in
+    vLLM's metrics is a data-parallel rank, nor ``engine_type``, SGLang's disaggregation
+    role."""
     labels = {k: one_line(v) for k, v in (server or {}).items() if v and k not in RESERVED_LABELS}
     labels.update(
         {
@@ -238,6 +242,7 @@ def alert_labels(
             "target": one_line(target),
             "model_name": one_line(model_name),
             "diagnosis": cause,
+            "runtime": runtime,
         }
     )
     return labels
@@ -317,7 +322,9 @@ def firing_alert(
         annotations["cause_change"] = _note(t.change)
     return Alert(
         status="firing",
-        labels=alert_labels(target, t.model_name, t.identity_cause, severity, server_labels),
+        labels=alert_labels(
+            target, t.model_name, t.identity_cause, severity, server_labels, d.runtime
+        ),
         annotations=annotations,
         starts_at=t.started_at,
         ends_at=None,

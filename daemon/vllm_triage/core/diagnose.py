@@ -175,21 +175,27 @@ def _judge(s: Signals, rules: Rulebook, *, keep: Cause | None) -> Diagnosis:
     evidence["breaches"] = ",".join(breaches)
     if cause != candidates[0]:
         evidence["leading_cause"] = candidates[0]
-    remediation = rules.remediation.get(cause, ())
+    # An engine with fixes of its own (its spec's, in its own settings) takes them as they
+    # are: the rulebook's reorderings and kinds name vLLM's flags.
+    own = s.runtime.fixes(cause)
+    remediation = own or rules.remediation.get(cause, ())
     if cause == "prefill_bound" and frontend_bound(f):
         # TTFT spent before the engine sees the request: the frontend's fixes first.
         evidence["ttft_bound_by"] = "render"
-        remediation = (*rules.kind_remediation.get("render", ()), *remediation)
+        if not own:
+            remediation = (*rules.kind_remediation.get("render", ()), *remediation)
     if limit is not None:
         evidence.update(decode_evidence(limit, f.roofline, s.dram_active_mean, th))
-        remediation = decode_remediation(limit, f.roofline, rules, remediation)
+        if not own:
+            remediation = decode_remediation(limit, f.roofline, rules, remediation)
     evidence.update(engine_evidence(s))
     uneven = explaining(s, cause)
     if uneven is not None:
         # One engine holds the queue (or the full pool): the balancer's fixes come first,
         # capacity's after them.
         summary = f"{summary}; {uneven.sentence()}"
-        remediation = (*rules.kind_remediation.get("dp_imbalance", ()), *remediation)
+        if not own:
+            remediation = (*rules.kind_remediation.get("dp_imbalance", ()), *remediation)
     contributing = _contributing(
         primary=cause, present=present, confidence=confidence, s=s, f=f, rules=rules
     )

@@ -72,6 +72,9 @@ class Runtime:
     variant: str = ""
     #: Fields this variant does not export: unknown, never zero.
     absent: frozenset[str] = frozenset()
+    #: What to change per cause in this engine's own settings (its spec's
+    #: ``remediation``); a cause without its own takes rules/remediation.yaml's (vLLM's).
+    remediation: tuple[tuple[Cause, tuple[str, ...]], ...] = ()
 
     @property
     def label(self) -> str:
@@ -90,6 +93,10 @@ class Runtime:
             for lim in self.limits
             if cause is None or not lim.affects or cause in lim.affects
         )
+
+    def fixes(self, cause: str) -> tuple[str, ...]:
+        """This engine's own fixes for ``cause`` (empty: the rulebook's)."""
+        return next((fixes for c, fixes in self.remediation if c == cause), ())
 
     def limited(self, what: str) -> Limit | None:
         return next((lim for lim in self.limits if lim.what == what), None)

@@ -319,6 +319,17 @@ def _limits(value: Any, source: str, where: str) -> tuple[Limit, ...]:
     return tuple(out)
 
 
+def _remediation(value: Any, source: str) -> tuple[tuple[Cause, tuple[str, ...]], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise _fail(source, "remediation", "expected a mapping of causes to lists of fixes")
+    bad = [c for c in value if c not in CAUSES]
+    if bad:
+        raise _fail(source, "remediation", f"not causes: {bad}")
+    return tuple((c, _strs(value[c], source, f"remediation.{c}")) for c in CAUSES if value.get(c))
+
+
 _SPEC_KEYS = frozenset(
     {
         "name",
@@ -335,6 +346,7 @@ _SPEC_KEYS = frozenset(
         "limits",
         "variants",
         "json_hint",
+        "remediation",
     }
 )
 
@@ -401,6 +413,7 @@ def spec_from_document(doc: Any, *, source: str) -> RuntimeSpec:
             )
         )
     runtime = Runtime(
+        remediation=_remediation(doc.get("remediation"), source),
         name=name,
         title=_str(doc, "title", source, name),
         itl_measures=measures,

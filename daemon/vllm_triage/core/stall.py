@@ -161,17 +161,23 @@ def _stalled(s: Signals, st: _Stall, rules: Rulebook) -> Diagnosis:
         if st.engines_total
         else "engine"
     )
-    remediation = rules.remediation.get("stalled", ())
+    own = s.runtime.fixes("stalled")
+    remediation = own or rules.remediation.get("stalled", ())
     if st.kind == "stale_gauges":
+        known = (
+            " (vLLM's stale-gauge bug after mass aborts, issues #22545 and #29928)"
+            if not own
+            else ""
+        )
         summary = (
             f"gauges stale for {p.gauges_still_seconds:.0f} s: {p.running or 0:g} running, "
             f"{p.waiting or 0:g} waiting and KV {p.last_values.get('kv_usage', 0):.0%} have not "
-            "moved while tokens and engine steps went on (vLLM's stale-gauge bug after mass "
-            "aborts, issues #22545 and #29928); neither KV pressure nor queueing is judged "
-            "from them"
+            f"moved while tokens and engine steps went on{known}; neither KV pressure nor "
+            "queueing is judged from them"
         )
         checks = [True, gauges, probe_check is not True, None]
-        remediation = rules.kind_remediation.get("stale_gauges", remediation)
+        if not own:
+            remediation = rules.kind_remediation.get("stale_gauges", remediation)
     elif st.kind == "asleep":
         states = ", ".join(f"{e}: {state}" for e, state in sorted(p.asleep.items()))
         summary = (

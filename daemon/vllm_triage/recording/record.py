@@ -46,8 +46,10 @@ def record(
     client: BlockingFetcher | None = None,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
+    runtime: str | None = None,
 ) -> RecordStats:
     """Scrape ``url`` every ``interval`` seconds into ``out`` until ``duration`` has passed.
+    ``runtime``: the serving engine the bodies must be (default: any one vllm-triage reads).
 
     A first scrape that cannot connect, or that the server refuses as a client error (a
     404: the wrong path; a 401 or 403: credentials), raises its ``ScrapeError`` at once
@@ -64,7 +66,7 @@ def record(
     scrape_timeout = timeout if timeout is not None else max(min(interval, 10.0), 0.1)
     own_client = client is None
     http = client or BlockingFetcher()
-    parser = SnapshotParser(runtime_table())
+    parser = SnapshotParser(runtime_table(), named=runtime)
     stats = RecordStats()
     start = clock()
     next_tick = start

@@ -22,6 +22,10 @@ from vllm_triage.errors import ConfigError
 
 RULES_TEMPLATE = "vllm-triage.rules.yaml.tmpl"
 DASHBOARD_TEMPLATE = "vllm-triage.json.tmpl"
+#: vLLM's own signal rules (every naming era, Ray's prefix aside) and the header's
+#: paragraph on its names; other engines' are written from their specs (``engines``).
+VLLM_SIGNALS = "vllm-signals.yaml.tmpl"
+VLLM_ABOUT = "vllm-about.txt.tmpl"
 #: The rule groups' evaluation interval (the rules template's ``interval: 15s``); a
 #: ``for:`` of ``open_after`` evaluations of the daemon is that many of these.
 RULE_INTERVAL_SECONDS = 15
@@ -41,6 +45,11 @@ DASHBOARD_VALUES = frozenset(
     {"stall_after_seconds", "near_ceiling_ratio", "roofline_impossible_ratio"}
 )
 
+DECODE_FIX = (
+    "Quantize the weights, use a card with more bandwidth or tens"
+    "or parallelism, or reduce the batch if per-stream speed matters."
+)
+
 #: PromQL cannot split decode_bound by the roofline (rules/prometheus's header says why).
 ROOFLINE_VALUES = frozenset({"near_ceiling_ratio", "roofline_impossible_ratio"})
 
@@ -56,7 +65,7 @@ PROMETHEUSRULE_HEADER = """\
 apiVersion: monitoring.coreos.com/v1
 kind: PrometheusRule
 metadata:
-  name: vllm-triage
+  name: @{name}
   labels:
     app.kubernetes.io/name: vllm-triage
 spec:
@@ -84,6 +93,125 @@ class Objectives:
 
 class _Template(Template):
     delimiter = "@"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineDialect:
+    """One serving engine as the rules and the dashboard name it: plain text, filled in
+    by the caller (``commands.render`` reads it from the engine's spec). ``record`` is the
+    infix of its recording rules (``model:sglang_ttft_seconds:p99_1m``), ``alert`` the
+    prefix of its alerts (``SglangKvPressure``), ``rank_by`` the labels a server's ranks
+    are told apart by, ``signals`` its signal rules (the group's ``rules:`` entries),
+    ``about`` the header's paragraph on its names, ``asleep`` the stall rule's exception
+    for an engine asleep, ``fixes`` the alerts' remediation by cause, and the ``raw_*``
+    PromQL the dashboard's raw panels draw from the engine's own series."""
+
+    runtime: str
+    title: str
+    record: str
+    alert: str
+    rank_by: str
+    signals: str
+    about: str
+    asleep: str
+    health_note: str
+    fixes: dict[str, str]
+    raw_ttft: str
+    raw_waiting: str
+    raw_kv: str
+    raw_kv_description: str
+    #: The label naming a rank in the stall alert's summary, and the model's label.
+    rank_label: str = "engine"
+    model: str = "model_name"
+    #: Whether the inter-token histogram shows spikes (not a histogram of each request's
+    #: mean gap): the prefill-interference test is written only then.
+    spike: bool = True
+    #: The header's lines on the stall, on the KV test's source, and on the tests.
+    stall_header: str = ""
+    pool_note: str = ""
+    tested: str = ""
+
+
+#: The alerts' remediation when the engine's spec gives none: vLLM's flags.
+VLLM_FIXES = {
+    "stalled": (
+        "Take a stack dump of the VLLM::EngineCore process (py-spy dump --pid), check NCCL "
+        "(NCCL_DEBUG=INFO) and the GPU (Xid errors), then restart the server."
+    ),
+    "kv_pressure": (
+        "Give the pool more memory (--gpu-memory-utilization), lower --max-model-len or "
+        "--max-num-seqs, or add replicas."
+    ),
+    "queue_bound": (
+        "Raise --max-num-seqs / --max-num-batched-tokens if latency allows, or add replicas."
+    ),
+    "prefill_bound": (
+        "Shorten prompts, enable prefix caching, tune --max-num-batched-tokens (chunked "
+        "prefill), or give prefill more compute."
+    ),
+    "decode_bound": DECODE_FIX,
+}
+
+
+VLLM_STALL_HEADER = """\
+#     stalled        requests running or waiting and, for a whole minute, no token counter
+#                    and no scheduler gauge moved: vLLM writes them only when its engine
+#                    completes a step, so a hung engine freezes them all while /metrics
+#                    still answers. The other causes are judged only when it does not hold.
+"""
+
+ITL_SPIKE = (
+    "              or (\n"
+    "                (model:@{engine}_itl_seconds:p99_1m > @{itl_p99_seconds})\n"
+    "                  and (model:@{engine}_itl_seconds:p99_1m"
+    " / model:@{engine}_itl_seconds:p50_1m >= @{itl_spike_ratio})\n"
+    "                  and (model:@{engine}_prompt_tokens:rate1m > 0)\n"
+    "              )\n"
+)
+
+
+def vllm_dialect() -> EngineDialect:
+    """vLLM's names: the bundled rules and dashboard are these."""
+    return EngineDialect(
+        runtime="vllm",
+        title="vLLM",
+        record="vllm",
+        alert="Vllm",
+        rank_by="engine",
+        signals=template(VLLM_SIGNALS).rstrip("\n"),
+        about=template(VLLM_ABOUT),
+        asleep=(
+            "            unless ignoring (sleep_state)"
+            ' (vllm:engine_sleep_state{sleep_state="awake"} == 0)\n'
+        ),
+        health_note="vLLM's /health does not see this",
+        fixes=VLLM_FIXES,
+        raw_ttft=(
+            "histogram_quantile(0.99, sum by (le, model_name) (rate("
+            'vllm:time_to_first_token_seconds_bucket{model_name=~"$model_name"}'
+            "[$__rate_interval])))"
+        ),
+        raw_waiting=(
+            'sum by (instance, model_name) (vllm:num_requests_waiting{model_name=~"$model_name"})'
+        ),
+        raw_kv=(
+            'max by (instance, model_name) (vllm:kv_cache_usage_perc{model_name=~"$model_name"} '
+            'or vllm:gpu_cache_usage_perc{model_name=~"$model_name"})'
+        ),
+        raw_kv_description=(
+            "vLLM's own gauge (a fraction despite `_perc`); vllm:gpu_cache_usage_perc before 0.9.2."
+        ),
+        stall_header=VLLM_STALL_HEADER,
+        pool_note=(
+            "(the daemon counts headroom in requests from the pool size in\n"
+            "# vllm:cache_config_info)"
+        ),
+        tested=(
+            "# Tested with promtool: rules/prometheus/tests/ replay the simulator's scenarios"
+            " (under\n"
+            "# both namings) and check that each fires exactly its alert."
+        ),
+    )
 
 
 def number(value: float) -> str:
@@ -147,33 +275,80 @@ def fill(text: str, given: dict[str, str]) -> str:
     return tmpl.substitute(given)
 
 
-def rules(objectives: Objectives) -> str:
-    """The Prometheus rules file."""
+def _engine_values(dialect: EngineDialect, given: dict[str, str]) -> dict[str, str]:
+    spike = (
+        _Template(ITL_SPIKE).substitute({**given, "engine": dialect.record})
+        if dialect.spike
+        else ""
+    )
+    return {
+        "itl_spike": spike,
+        "rank_label": dialect.rank_label,
+        "model": dialect.model,
+        "stall_header": dialect.stall_header,
+        "pool_note": dialect.pool_note,
+        "tested": dialect.tested,
+        "engine": dialect.record,
+        "Engine": dialect.alert,
+        "runtime": dialect.runtime,
+        "rank_by": dialect.rank_by,
+        "signals": dialect.signals,
+        # The paragraph may name the window's numbers itself.
+        "about": _Template(dialect.about).safe_substitute(given),
+        "asleep": dialect.asleep,
+        "health_note": dialect.health_note,
+        **{f"fix_{cause}": text for cause, text in dialect.fixes.items()},
+    }
+
+
+def rules(objectives: Objectives, dialect: EngineDialect | None = None) -> str:
+    """The Prometheus rules file, for vLLM or another engine's names (``dialect``)."""
     given = {k: v for k, v in values(objectives).items() if k not in ROOFLINE_VALUES}
+    given |= _engine_values(dialect or vllm_dialect(), given)
     text = fill(template(RULES_TEMPLATE), given)
     if not isinstance(yaml.safe_load(text).get("groups"), list):
         raise ValueError("the rendered rules have no top-level 'groups'")
     return text
 
 
-def prometheusrule(objectives: Objectives) -> str:
+def prometheusrule(objectives: Objectives, dialect: EngineDialect | None = None) -> str:
     """The same groups as a PrometheusRule: the rules file from its ``groups:`` key on,
     indented under ``spec:`` as text (its comments and block scalars stay readable), and
     checked to parse to the very same groups."""
-    text = rules(objectives)
+    d = dialect or vllm_dialect()
+    text = rules(objectives, d)
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("groups:"))
     body = "".join(f"  {line}\n" if line.strip() else "\n" for line in lines[start:])
-    header = _Template(PROMETHEUSRULE_HEADER).substitute(origin=comment_text(objectives.origin))
+    name = "vllm-triage" if d.runtime == "vllm" else f"vllm-triage-{d.runtime}"
+    header = _Template(PROMETHEUSRULE_HEADER).substitute(
+        origin=comment_text(objectives.origin), name=name
+    )
     out = header + body
     if yaml.safe_load(out)["spec"]["groups"] != yaml.safe_load(text)["groups"]:
         raise ValueError("the PrometheusRule's spec.groups differ from the rules' groups")
     return out
 
 
-def dashboard(objectives: Objectives) -> str:
-    """The Grafana dashboard, as JSON (checked to parse)."""
+def _json(text: str) -> str:
+    """``text`` as the inside of a JSON string."""
+    return json.dumps(text)[1:-1]
+
+
+def dashboard(objectives: Objectives, dialect: EngineDialect | None = None) -> str:
+    """The Grafana dashboard, as JSON (checked to parse): the daemon's gauges (every
+    engine's, by their ``runtime`` label), and the engine's own series in the raw panels."""
+    d = dialect or vllm_dialect()
     given = {k: v for k, v in values(objectives).items() if k in DASHBOARD_VALUES}
+    given |= {
+        "uid": "vllm-triage" if d.runtime == "vllm" else f"vllm-triage-{d.runtime}",
+        "title": _json(d.title),
+        "tag": _json(d.runtime),
+        "raw_ttft": _json(d.raw_ttft),
+        "raw_waiting": _json(d.raw_waiting),
+        "raw_kv": _json(d.raw_kv),
+        "raw_kv_description": _json(d.raw_kv_description),
+    }
     text = fill(template(DASHBOARD_TEMPLATE), given)
     json.loads(text)
     return text

@@ -5,8 +5,10 @@ watchers published last, at the moment Prometheus asks: nothing to keep in sync,
 model that disappears from a target disappears from ``/metrics`` with it.
 
 Naming follows Prometheus' rules: base units (seconds), ``_ratio`` for 0..1, ``_total``
-for counters only. Signals are labelled ``target`` and ``model_name``; a window without
-enough data for a value leaves that sample out (absent, not zero). Signals are only
+for counters only. Signals are labelled ``target``, ``model_name`` and ``runtime`` (the
+serving engine: ``vllm``, ``sglang``, ...; not ``engine``, which in vLLM's metrics is a
+data-parallel rank); a window without enough data for a value leaves that sample out
+(absent, not zero). Signals are only
 shown while the target is up; the diagnosis state set stays, because the incident does.
 """
 
@@ -30,7 +32,7 @@ from vllm_triage.state import ReceiverView, StoreStatus, TargetState
 P = "vllm_triage_"
 DIAGNOSES = ("healthy", *CAUSES)
 BREACHES = ("ttft_p99", "itl_p99", "waiting", "kv_preemptions", "no_progress")
-MODEL = ("target", "model_name")
+MODEL = ("target", "model_name", "runtime")
 #: ``decode_step_bytes``'s ``part`` label and the evidence each comes from.
 ROOFLINE_PARTS = (
     ("weights", "decode_step_weight_bytes"),
@@ -70,6 +72,20 @@ def _recording(targets: list[TargetState]) -> Iterator[Metric]:
         for reason, n in sorted(r.failures.items()):
             failures.add_metric((t.name, reason), n)
     yield from (kept, size, held, failures)
+
+
+def _runtime(t: TargetState, model: str) -> str:
+    """The serving engine of a target's model: its last evaluation's, else the target's."""
+    if t.view is not None:
+        s = t.view.evaluation.signals.get(model)
+        if s is not None:
+            return s.runtime.name
+    return t.runtime or "vllm"
+
+
+def _model(t: TargetState, model: str) -> tuple[str, str, str]:
+    """The labels of a model's series: target, model_name (bounded), runtime."""
+    return t.name, label_value(model), _runtime(t, model)
 
 
 def _q(q: Quantile | None) -> float | None:
@@ -350,21 +366,22 @@ class TriageCollector(Collector):
             ev = t.view.evaluation
             for model, s in sorted(ev.signals.items()):
                 measured = ev.measurements.get(model, {})
+                labels = _model(t, model)
                 for qfam, qget in quantiles:
                     value = _q(qget(s))
                     if value is not None:
-                        qfam.add_metric((t.name, label_value(model)), value)
+                        qfam.add_metric(labels, value)
                 for fam, (_, _, get) in zip(families, _SIGNALS, strict=True):
                     value = get(s, measured)
                     if value is not None:
-                        fam.add_metric((t.name, label_value(model)), value)
+                        fam.add_metric(labels, value)
         yield from (fam for fam, _ in quantiles)
         yield from families
 
     def _inconsistent(self, targets: list[TargetState]) -> Iterator[Metric]:
         """Only while some model's counters go back and forth (absent otherwise)."""
         found = [
-            (t.name, model, s.counter_resets)
+            (_model(t, model), s.counter_resets)
             for t in targets
             if t.up and t.view is not None
             for model, s in sorted(t.view.evaluation.signals.items())
@@ -378,8 +395,8 @@ class TriageCollector(Collector):
             "than one server behind the target's address?): its rates are left out.",
             labels=MODEL,
         )
-        for name, model, resets in found:
-            family.add_metric((name, label_value(model)), resets)
+        for labels, resets in found:
+            family.add_metric(labels, resets)
         yield family
 
     def _decode_roofline(self, targets: list[TargetState]) -> Iterator[Metric]:
@@ -403,14 +420,15 @@ class TriageCollector(Collector):
             evaluation = t.view.evaluation
             for model, d in sorted(evaluation.diagnoses.items()):
                 measured = evaluation.measurements.get(model, {})
+                labels = _model(t, model)
                 for part, key in ROOFLINE_PARTS:
                     value = measured.get(key)
                     if value is not None:
-                        parts.add_metric((t.name, model, part), value)
+                        parts.add_metric((*labels, part), value)
                 bound = d.evidence.get("decode_bound_by")
                 if isinstance(bound, str):
                     for resource in RESOURCES:
-                        binding.add_metric((t.name, model, resource), float(resource == bound))
+                        binding.add_metric((*labels, resource), float(resource == bound))
         yield from (parts, binding)
 
     def _diagnoses(self, targets: list[TargetState]) -> Iterator[Metric]:
@@ -445,18 +463,18 @@ class TriageCollector(Collector):
                 active = {a.model_name: a.cause for a in t.view.active}
                 for model, d in sorted(t.view.evaluation.diagnoses.items()):
                     current = active.get(model, "healthy")
-                    shown = label_value(model)
+                    labels = _model(t, model)
                     for name in DIAGNOSES:
-                        state.add_metric((t.name, shown, name), 1.0 if name == current else 0.0)
+                        state.add_metric((*labels, name), 1.0 if name == current else 0.0)
                     for name in BREACHES:
-                        breach.add_metric((t.name, shown, name), 1.0 if name in d.breaches else 0.0)
+                        breach.add_metric((*labels, name), 1.0 if name in d.breaches else 0.0)
                     shares = {c.cause: c.share for c in d.contributing}
                     for name in CAUSES:
-                        contributing.add_metric((t.name, shown, name), shares.get(name, 0.0))
+                        contributing.add_metric((*labels, name), shares.get(name, 0.0))
             for (model, cause), n in sorted(t.incidents_opened.items()):
-                opened.add_metric((t.name, label_value(model), cause), n)
+                opened.add_metric((*_model(t, model), cause), n)
             for (model, cause), n in sorted(t.cause_changes.items()):
-                changes.add_metric((t.name, label_value(model), cause), n)
+                changes.add_metric((*_model(t, model), cause), n)
         yield from (state, breach, opened, changes, contributing)
 
     def _probes(self, targets: list[TargetState]) -> Iterator[Metric]:

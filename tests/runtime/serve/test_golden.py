@@ -29,13 +29,14 @@ def test_the_golden_file_shows_both_incidents() -> None:
     recording decode_bound with its ceiling ratio, as the recordings were made to."""
     text = GOLDEN.read_text(encoding="utf-8")
     assert (
-        'vllm_triage_diagnosis{diagnosis="kv_pressure",model_name="tiny-llama",target="kv"} 1.0'
-        in text
+        'vllm_triage_diagnosis{diagnosis="kv_pressure",model_name="tiny-llama",runtime="vllm",'
+        'target="kv"} 1.0' in text
     )
-    decode = 'diagnosis="decode_bound",model_name="tiny-llama",target="decode"} 1.0'
+    decode = 'diagnosis="decode_bound",model_name="tiny-llama",runtime="vllm",target="decode"} 1.0'
     assert "vllm_triage_diagnosis{" + decode in text
-    assert 'vllm_triage_decode_ceiling_ratio{model_name="tiny-llama",target="decode"}' in text
-    assert 'vllm_triage_decode_roofline_ratio{model_name="tiny-llama",target="decode"}' in text
+    ours = 'model_name="tiny-llama",runtime="vllm",target="decode"}'
+    assert "vllm_triage_decode_ceiling_ratio{" + ours in text
+    assert "vllm_triage_decode_roofline_ratio{" + ours in text
     for part in ("weights", "kv"):
         assert f'vllm_triage_decode_step_bytes{{model_name="tiny-llama",part="{part}"' in text
 
