@@ -14,7 +14,6 @@ import pytest
 
 from vllm_triage.core.drive import Driver, Fed, Unusable
 from vllm_triage.core.evaluate import Evaluator
-from vllm_triage.core.parse import parse_snapshot
 from vllm_triage.core.roofline.kvpool import (
     MAX_POOL_BYTES,
     MAX_POOL_TOKENS,
@@ -22,7 +21,9 @@ from vllm_triage.core.roofline.kvpool import (
     parse_cache_config,
     read_pool,
 )
+from vllm_triage.rules import runtime_table
 
+from support.parsing import parse_snapshot
 from support.paths import FIXTURES
 from support.rulebooks import default_evaluator, default_rulebook
 
@@ -138,7 +139,7 @@ class Exploding(Evaluator):
 
 
 def test_a_body_the_core_raises_on_is_unusable_and_the_next_is_judged() -> None:
-    driver = Driver(Exploding())
+    driver = Driver(Exploding(), runtime_table())
     results = [driver.feed(body, at) for at, body in kv_bodies()[:4]]
     unusable = [r for r in results if isinstance(r, Unusable)]
     assert [type(r).__name__ for r in results] == ["Unusable", "Fed"] * 2

@@ -17,6 +17,7 @@ from vllm_triage.core.model import Signals
 from vllm_triage.core.roofline import step as roofline
 from vllm_triage.core.rulebook import Rulebook
 from vllm_triage.demo.offline import scenario_settings
+from vllm_triage.rules import runtime_table
 from vllm_triage.simulator import Phase, Scenario, ServerSpec, Workload, server_spec
 
 from support.scenarios import START, recorded
@@ -31,7 +32,7 @@ def _run(spec: ServerSpec, load: Workload) -> tuple[Signals, Rulebook]:
     sc = Scenario(name="predict", spec=spec, phases=(Phase(DURATION, load),))
     settings = scenario_settings(sc, None)
     evaluator = build_evaluator(settings)
-    driver = Driver(evaluator)
+    driver = Driver(evaluator, runtime_table())
     fed = None
     for at, text in recorded(sc, start_at=START, interval_s=5.0, duration_s=DURATION):
         fed = driver.feed(text.encode(), at)

@@ -15,6 +15,7 @@ from vllm_triage.config.load import load_settings
 from vllm_triage.core.model import Diagnosis
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.core.roofline import sources
+from vllm_triage.rules import runtime_table
 from vllm_triage.simulator import Phase, Scenario, Simulation, Workload, server_spec
 
 
@@ -28,7 +29,7 @@ def test_vllms_counters_end_to_end(tmp_path: Path) -> None:
     cfg = tmp_path / "gpu.yaml"
     cfg.write_text(yaml.safe_dump({"hardware": {"gpu": "H100"}, "window_seconds": 30}))
     evaluator = build_evaluator(load_settings(cfg))
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     last = None
     for tick in range(13):
         sim.advance_to(tick * 5.0)
@@ -70,7 +71,7 @@ def _simulated(tmp: Path) -> list[Diagnosis]:
     }
     cfg.write_text(yaml.safe_dump(settings))
     evaluator = build_evaluator(load_settings(cfg))
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     out: list[Diagnosis] = []
     for tick in range(19):
         sim.advance_to(tick * 5.0)

@@ -8,6 +8,7 @@ from vllm_triage.config.load import load_settings
 from vllm_triage.core.model import Transition
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.core.timeline import breach_began, incidents, point_values
+from vllm_triage.rules import runtime_table
 
 from support.scenarios import recorded
 
@@ -17,7 +18,7 @@ def test_a_simulated_incident_from_end_to_end() -> None:
     began before it fired (open_after evaluations), and the points show the KV cache."""
     settings = load_settings()
     evaluator = build_evaluator(settings)
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     times: list[float] = []
     causes: list[str | None] = []
     usage: list[float | None] = []

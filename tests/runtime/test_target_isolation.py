@@ -22,6 +22,7 @@ from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import TargetSettings
 from vllm_triage.core.evaluate import Evaluator
 from vllm_triage.core.parse import SnapshotParser
+from vllm_triage.rules import runtime_table
 from vllm_triage.serve.exporter import build_registry
 from vllm_triage.state import FAILURE_REASONS
 from vllm_triage.target import Target
@@ -39,7 +40,7 @@ def target(name: str = "t") -> Target:
 
 
 def feed(t: Target, scrapes: tuple[tuple[float, str], ...], *, at_shift: float = 0.0) -> None:
-    parser = SnapshotParser()
+    parser = SnapshotParser(runtime_table())
     for at, body in scrapes:
         t.state.attempted(at + at_shift)
         t.consume(parser.parse(body, at + at_shift))
@@ -158,7 +159,7 @@ class TestClockGoingBack:
 
     def test_the_same_time_twice_is_a_duplicate_said_once_a_minute(self) -> None:
         t = target()
-        parser = SnapshotParser()
+        parser = SnapshotParser(runtime_table())
         at, body = SCRAPES[0]
         with capture_logs() as logs:
             for _ in range(5):

@@ -226,6 +226,7 @@ def alert_labels(
     cause: Cause,
     severity: str,
     server: Mapping[str, str] | None = None,
+    *,
     runtime: str = "vllm",
 ) -> dict[str, str]:
     """An alert's identity: the daemon's own labels and the server's identity labels
@@ -323,7 +324,7 @@ def firing_alert(
     return Alert(
         status="firing",
         labels=alert_labels(
-            target, t.model_name, t.identity_cause, severity, server_labels, d.runtime
+            target, t.model_name, t.identity_cause, severity, server_labels, runtime=d.runtime
         ),
         annotations=annotations,
         starts_at=t.started_at,
