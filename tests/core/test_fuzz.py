@@ -18,10 +18,9 @@ from vllm_triage.core.model import Signals
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.core.totals import Window
 from vllm_triage.errors import ParseError
-from vllm_triage.rules import runtime_table
 
 from support.paths import VLLM_CAPTURES
-from support.rulebooks import default_evaluator
+from support.rulebooks import default_evaluator, runtime_table
 from support.snapshots import hist, snap
 
 FIXTURE = (VLLM_CAPTURES / "kvwarden-vllm-0.19.1-v1.txt").read_text()

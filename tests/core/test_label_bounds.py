@@ -21,11 +21,10 @@ from vllm_triage.core.roofline.kvpool import (
     parse_cache_config,
     read_pool,
 )
-from vllm_triage.rules import runtime_table
 
 from support.parsing import parse_snapshot
 from support.paths import FIXTURES
-from support.rulebooks import default_evaluator, default_rulebook
+from support.rulebooks import default_evaluator, default_rulebook, runtime_table
 
 BIG = "9" * 400
 KV = FIXTURES / "recordings" / "kv"
@@ -108,7 +107,7 @@ def test_a_recording_with_hostile_pool_labels_is_judged_every_scrape(
     by each snapshot, where before every evaluation raised OverflowError (with a card set,
     for ``kv_cache_memory_bytes`` too: tests/system/test_hostile_round_three.py runs the
     daemon so)."""
-    driver = Driver(default_evaluator(open_after=1))
+    driver = Driver(default_evaluator(open_after=1), runtime_table())
     fed = [driver.feed(body, at) for at, body in kv_bodies(**labels)]
     judged = [f for f in fed if isinstance(f, Fed)]
     assert len(judged) == len(fed) == 24

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.errors import ParseError
-from vllm_triage.rules import runtime_table
 
 from support.captures import fixture_text, reference_models, snapshot_models
 from support.parsing import parse_snapshot
+from support.rulebooks import runtime_table
 
 KVWARDEN = "kvwarden-vllm-0.19.1-v1.txt"
 KUBEAI = "kubeai-vllm-0.5.x-v0.txt"

@@ -16,11 +16,11 @@ from vllm_triage.core.model import Snapshot
 from vllm_triage.core.parse import SnapshotParser
 from vllm_triage.core.runtime import RuntimeTable, spec_from_document
 from vllm_triage.errors import ConfigError, ParseError
-from vllm_triage.rules import read_bundled, runtime_table
 
 from support.captures import fixture_text, reference_series, snapshot_models
 from support.parsing import RUNTIMES, parse_snapshot
 from support.paths import RUNTIME_FIXTURES
+from support.rulebooks import read_bundled, runtime_table
 
 #: Each fixture, its engine, and the format it comes in.
 FIXTURES = {
@@ -232,6 +232,16 @@ class TestSpecs:
                 "increase",
             ),
             ({"limits": [{"what": "x", "says": "y", "affects": ["slow"]}]}, "not causes"),
+        ],
+        ids=[
+            "counter-for-a-gauge",
+            "unknown-field",
+            "itl-measure",
+            "unknown-cause",
+            "no-prefix",
+            "unknown-key",
+            "buckets-decrease",
+            "limit-affects-no-cause",
         ],
     )
     def test_a_wrong_spec_says_what_and_where(self, change: dict[str, Any], message: str) -> None:

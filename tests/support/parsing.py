@@ -8,7 +8,8 @@ from typing import Any
 from vllm_triage.core.model import Snapshot
 from vllm_triage.core.names import NameTable, Spec
 from vllm_triage.core.parse import parse_snapshot as parse_with
-from vllm_triage.rules import runtime_table
+
+from support.rulebooks import runtime_table
 
 RUNTIMES = runtime_table()
 

@@ -39,6 +39,7 @@ from vllm_triage.core.report import diagnosis_dict, transition_json, transition_
 from vllm_triage.core.shown import one_line, slack, slack_code
 from vllm_triage.logs import ConsoleWithIncidents
 from vllm_triage.page.render import render_page
+from vllm_triage.rules import runtime_table
 from vllm_triage.simulator.textformat import escape
 
 from support.paths import REALVLLM, RECORDINGS
@@ -62,7 +63,7 @@ def transitions(name: str) -> tuple[Transition, ...]:
     """The real data-parallel stall (engine 1 stopped while engine 0 served) with
     ``HOSTILE[name]`` as its model's name and the stalled engine's, judged."""
     hostile = escape(HOSTILE[name])
-    driver = Driver(build_evaluator(load_settings(REALVLLM / "triage-stall.yaml")))
+    driver = Driver(build_evaluator(load_settings(REALVLLM / "triage-stall.yaml")), runtime_table())
     out: list[Transition] = []
     for path in sorted((RECORDINGS / "dp-stall").glob("*.prom")):
         body = path.read_text().replace('model_name="tiny-llama"', f'model_name="{hostile}"')

@@ -37,6 +37,7 @@ from vllm_triage.core.diagnose import diagnose
 from vllm_triage.core.evaluate import Evaluation
 from vllm_triage.core.model import Signals
 from vllm_triage.core.totals import Window
+from vllm_triage.fleet.queries import SAMPLES as FLEET_READS
 from vllm_triage.fleet.source import PrometheusSource, shard_of
 from vllm_triage.render.relabel import relabel as shard_relabel
 from vllm_triage.simulator import get_scenario, record
@@ -44,7 +45,7 @@ from vllm_triage.simulator import get_scenario, record
 from support.components import alertmanager, binary, ok, process, prometheus
 from support.fleet_sim import PodGpus, dcgm_exposition, relabel, serving
 from support.harness import free_port, metrics_url, running_daemon, simulated, wait_for
-from support.parsing import SAMPLES, parse_snapshot
+from support.parsing import parse_snapshot
 from support.paths import FIXTURES
 from support.receiver import Receiver
 
@@ -293,7 +294,7 @@ def samples(recordings: dict[str, list[tuple[float, str]]]) -> dict[str, dict[st
     for instance, scrapes in recordings.items():
         for at, body in scrapes:
             for line in relabel(
-                body, f'job="vllm",instance="{instance}"', lambda n: n in SAMPLES
+                body, f'job="vllm",instance="{instance}"', lambda n: n in FLEET_READS
             ).splitlines():
                 name, _, rest = line.partition("{")
                 labels, _, value = rest.rpartition("} ")
@@ -633,3 +634,79 @@ def test_a_hung_engine_is_stalled_as_soon_on_victoriametrics_as_on_prometheus(
         )
     assert as_itself == on_prometheus
     assert as_prometheus is None
+
+
+#: Each engine's dialect of three scenarios: the cause its physics gives (TensorRT-LLM's
+#: time per output token is each request's mean at its end, so its decode-bound window
+#: reads as the sidecar's does, from the requests that finished in it).
+ENGINE_SCENARIOS = ("kv_pressure", "decode_bound", "prefill_bound")
+
+
+def same(a: float | None, b: float | None, rel: float) -> bool:
+    """Both unknown, or both known and within ``rel`` of each other."""
+    if a is None or b is None:
+        return a is None and b is None
+    return a == pytest.approx(b, rel=rel)
+
+
+@pytest.mark.parametrize("engine", ["sglang", "lmdeploy", "trtllm"])
+def test_fleet_reads_each_engines_series_as_the_sidecar_does(tmp_path: Path, engine: str) -> None:
+    """The simulator's servers in another engine's dialect (its names, labels, buckets,
+    what it observes when), backfilled into a real Prometheus: fleet mode reads them
+    through the engine's spec (its matchers, copies read once, its rank as the engine,
+    its own progress series) and gives each server the sidecar's signals, its engine and
+    the sidecar's cause."""
+    step, window = 5.0, 60.0
+    end = time.time() - 3600
+    end -= end % step
+    recordings = {
+        f"{scenario}:8000": list(
+            record(
+                get_scenario(scenario),
+                start_at=end - 300,
+                interval_s=step,
+                duration_s=300,
+                naming=engine,  # type: ignore[arg-type]
+            )
+        )
+        for scenario in ENGINE_SCENARIOS
+    }
+    source, settings = fleet_over_backfill(tmp_path, recordings, step, window, end)
+    rules = build_rulebook(settings)
+    causes = {}
+    for instance, want, fleet in side_by_side(source, settings, recordings, window):
+        got = fleet.signals[MODEL]
+        assert want.runtime.name == engine
+        assert got.runtime.name == engine, instance
+        for name in ("ttft_p99", "itl_p99"):
+            a, b = getattr(got, name), getattr(want, name)
+            assert (a is None) == (b is None), (instance, name)
+            if a is not None and b is not None:
+                assert a.value == pytest.approx(b.value, rel=1e-6), (instance, name)
+        for name in (
+            "ttft_mean",
+            "itl_mean",
+            "queue_time_mean",
+            "prefill_time_share",
+            "running_mean",
+            "waiting_mean",
+            "kv_usage_max",
+            "kv_pool_tokens",
+            "preemptions_per_second",
+            "prompt_tokens_per_second",
+            "generation_tokens_per_second",
+        ):
+            assert same(getattr(got, name), getattr(want, name), 1e-6), (instance, name)
+        # The decode step from what the engine measures: the last-iteration gauge's busy
+        # mean is a subquery at the step (the same samples).
+        assert got.step_source == want.step_source, instance
+        assert same(got.step_seconds_mean, want.step_seconds_mean, 0.1), instance
+        # Not vacuous: the pool from the engine's gauges where it has them, and each
+        # rank's progress from its own step-driven series.
+        assert (got.kv_pool_tokens is not None) == (engine != "lmdeploy"), instance
+        assert got.progress is not None and got.progress.seconds_without_progress == 0
+        cause = diagnose(want, rules).cause
+        assert fleet.diagnoses[MODEL].cause == cause, instance
+        causes[instance.split(":")[0]] = cause
+    assert causes["kv_pressure"] == "kv_pressure"
+    assert causes["prefill_bound"] == "prefill_bound"

@@ -37,17 +37,52 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from vllm_triage.core.names import NameTable, Spec
-from vllm_triage.core.runtime import COUNTER_FIELDS, HISTOGRAM_FIELDS
+from vllm_triage.core.runtime import COUNTER_FIELDS, HISTOGRAM_FIELDS, RuntimeSpec
 from vllm_triage.rules import runtime_table
 
-_TABLE = NameTable.of(runtime_table())
-_VLLM = runtime_table().spec("vllm")
-PREFIXES = _VLLM.prefixes
-SAMPLES: dict[str, tuple[str, Spec]] = {
-    name: (r.prefix, r.specs[0])
-    for name, r in _TABLE.samples.items()
-    if _TABLE.spec(r.runtime) is _VLLM
-}
+_RUNTIMES = runtime_table()
+_TABLE = NameTable.of(_RUNTIMES)
+#: The label the fleet's rows name a data-parallel rank by (vLLM's own); another engine's
+#: rank label is copied into it (SGLang's ``dp_rank``).
+RANK = "engine"
+#: The label the progress query tags each family's changes with (summed away).
+SERIES = "triage_series"
+
+
+@dataclass(frozen=True, slots=True)
+class Name:
+    """One exposed sample name read for one field: whose (``runtime``), under which
+    prefix, and how (``spec``: its kind, naming era and label matchers)."""
+
+    name: str
+    prefix: str
+    spec: Spec
+    runtime: RuntimeSpec
+
+
+_RANK = {"new": 0, "both": 1, "old": 2}
+
+
+def _names_in_order() -> tuple[Name, ...]:
+    """Every runtime's names, in the parser's order of preference: the runtimes in the
+    table's order (vLLM first), each one's first prefix before the others, the newest
+    naming before the old."""
+    found = []
+    for name, reading in _TABLE.samples.items():
+        rt = _TABLE.spec(reading.runtime)
+        for one in reading.specs:
+            key = (reading.runtime, rt.prefixes.index(reading.prefix), _RANK[one.generation])
+            found.append((key, name, Name(name, reading.prefix, one, rt)))
+    return tuple(entry for *_, entry in sorted(found, key=lambda f: (f[0], f[1])))
+
+
+NAMES = _names_in_order()
+#: Every sample name the queries may read, as the parser reads it (its prefix and its
+#: first reading).
+SAMPLES: dict[str, tuple[str, Spec]] = {}
+for _entry in NAMES:
+    SAMPLES.setdefault(_entry.name, (_entry.prefix, _entry.spec))
+PREFIXES = _TABLE.prefixes
 
 #: Histograms whose buckets are read (for quantiles and the roofline's step mix); the
 #: others only need their sum and count.
@@ -70,18 +105,48 @@ POOL_LABELS = (
 #: Every name the queries may read, as one regular expression (for the names call).
 NAMES_REGEX = "|".join(re.escape(name) for name in sorted(SAMPLES))
 
-_RANK = {"new": 0, "both": 1, "old": 2}
 
-
-def names(field: str, kind: str) -> list[str]:
-    """Every exposed name of one field and kind, in the parser's order of preference:
-    ``vllm:`` before ``ray_vllm:``, the current naming before the old."""
-    found = [
-        (PREFIXES.index(prefix), _RANK[spec.generation], name)
-        for name, (prefix, spec) in SAMPLES.items()
-        if spec.field == field and spec.kind == kind
+def entries(field: str, kind: str, runtime: str | None = None) -> list[Name]:
+    """Every exposed name of one field and kind (of one runtime's, or of every one), in
+    the parser's order of preference."""
+    return [
+        e
+        for e in NAMES
+        if e.spec.field == field
+        and e.spec.kind == kind
+        and (runtime is None or e.runtime.name == runtime)
     ]
-    return [name for *_, name in sorted(found)]
+
+
+def names(field: str, kind: str, runtime: str | None = "vllm") -> list[str]:
+    """vLLM's exposed names of one field and kind (``runtime=None``: every engine's), in
+    the parser's order of preference: ``vllm:`` before ``ray_vllm:``, the current naming
+    before the old."""
+    return list(dict.fromkeys(e.name for e in entries(field, kind, runtime)))
+
+
+def runtime_reads(rt: RuntimeSpec, expr: str) -> str:
+    """An aggregation ``AGG by (labels) (inner)`` over one engine's series, reading them
+    as vLLM's: copies of one scheduler's series read once (the max over the copy labels,
+    as the parser takes the first), its rank label copied into ``engine`` and its model
+    label into ``model_name``. vLLM's expression is returned as it is."""
+    agg, sep, inner = expr.partition(") (")
+    if not sep or not inner.endswith(")") or " by (" not in agg:
+        raise ValueError(f"not an aggregation over a vector: {expr!r}")
+    kept = {label.strip() for label in agg.split(" by (", 1)[1].split(",")}
+    renames = [
+        (to, frm)
+        for to, frm in ((RANK, rt.rank_label), ("model_name", rt.model_label))
+        if frm is not None and frm != to and to in kept
+    ]
+    if not rt.copy_labels and not renames:
+        return expr
+    inner = inner[:-1]
+    if rt.copy_labels:
+        inner = f"max without ({', '.join(rt.copy_labels)}) ({inner})"
+    for to, frm in renames:
+        inner = f'label_replace({inner}, "{to}", "$1", "{frm}", "(.*)")'
+    return f"{agg}) ({inner})"
 
 
 def duration(seconds: float) -> str:
@@ -190,12 +255,36 @@ class _Builder:
         self.o = duration(plan.window_seconds)
 
     def _names(self, field: str, kind: str) -> list[str]:
-        return [n for n in names(field, kind) if self.present is None or n in self.present]
+        return list(dict.fromkeys(e.name for e in self._entries(field, kind)))
+
+    def _entries(self, field: str, kind: str, runtime: str | None = None) -> list[Name]:
+        return [
+            e
+            for e in entries(field, kind, runtime)
+            if self.present is None or e.name in self.present
+        ]
+
+    def _selector(self, e: Name) -> str:
+        """``e``'s name with the plan's matchers and the engine's own (SGLang's
+        ``mode="decode"``)."""
+        own = ", ".join(f'{k}="{v}"' for k, v in e.spec.match)
+        return _selector(e.name, ", ".join(m for m in (self.matchers, own) if m))
+
+    def runtimes(self) -> list[RuntimeSpec]:
+        """The engines the fleet exposes (every one when it is not known), vLLM first."""
+        return [
+            rt
+            for rt in _RUNTIMES.specs
+            if any(self.present is None or e.name in self.present for e in NAMES if e.runtime is rt)
+        ]
 
     def _each(self, field: str, kind: str, template: str, on: str | None = None) -> str | None:
-        """``template`` (``{s}``: a selector) over a field's names, the first winning per
-        server and model; ``None`` when the fleet exposes none of them."""
-        exprs = [template.format(s=_selector(n, self.matchers)) for n in self._names(field, kind)]
+        """``template`` (``{s}``: a selector) over a field's names, every engine's, the
+        first winning per server and model; ``None`` when the fleet exposes none of them."""
+        exprs = [
+            runtime_reads(e.runtime, template.format(s=self._selector(e)))
+            for e in self._entries(field, kind)
+        ]
         if not exprs:
             return None
         if len(exprs) == 1:
@@ -221,6 +310,8 @@ class _Builder:
             out += self._progress()
             out += self._balance()
             out.append(self._pool())
+            out.append(self._runtime())
+            out += self._engine_gauges()
         out += self._dcgm()
         return [q for q in out if q is not None]
 
@@ -276,7 +367,9 @@ class _Builder:
         by = f"{self.by}, engine"
         s = duration(self.plan.stall_seconds + self.plan.range_pad_seconds)
         moved = [
-            self._each(field, kind, f"sum by ({by}) ({self.plan.changes}({{s}}[{s}]))", on=by)
+            self._each_of(
+                "vllm", field, kind, f"sum by ({by}) ({self.plan.changes}({{s}}[{s}]))", on=by
+            )
             for field, kind in (
                 ("generation_tokens", "counter"),
                 ("prompt_tokens", "counter"),
@@ -285,7 +378,12 @@ class _Builder:
                 ("kv_usage", "gauge"),
             )
         ]
-        changes = " + ".join(f"({m})" for m in moved if m is not None) or None
+        per_runtime = [" + ".join(f"({m})" for m in moved if m is not None) or None]
+        per_runtime += [self._moved(rt, by, s) for rt in self.runtimes() if rt.name != "vllm"]
+        found = [m for m in per_runtime if m is not None]
+        changes = f" or on ({by}) ".join(f"({m})" for m in found) if len(found) > 1 else None
+        if len(found) == 1:
+            changes = found[0]
         owed = [
             self._each(field, "gauge", f"sum by ({by}) (min_over_time({{s}}[{s}]))", on=by)
             for field in ("running", "waiting")
@@ -302,6 +400,83 @@ class _Builder:
             self._query("engine_outstanding", outstanding),
             self._query("engine_awake", awake),
         ]
+
+    def _each_of(
+        self, runtime: str, field: str, kind: str, template: str, on: str | None = None
+    ) -> str | None:
+        """``_each`` over one engine's names only."""
+        exprs = [
+            runtime_reads(e.runtime, template.format(s=self._selector(e)))
+            for e in self._entries(field, kind, runtime)
+        ]
+        if not exprs:
+            return None
+        if len(exprs) == 1:
+            return exprs[0]
+        return f" or on ({on or self.by}) ".join(f"({e})" for e in exprs)
+
+    def _moved(self, rt: RuntimeSpec, by: str, s: str) -> str | None:
+        """How many times an engine's step-driven series changed over the stall range, rank
+        by rank: the series its spec says move with its steps (``moves_with_steps``: never
+        TensorRT-LLM's token counters, written when a request finishes) and the
+        scheduler's gauges, each family tagged with its name (``changes`` drops it, and
+        two families with the same labels would collide) and joined by ``or``, so one not
+        yet written (a labelled counter before its first count) leaves the rest standing."""
+        fields = [*sorted(rt.runtime.moves_with_steps), "running", "waiting", "kv_usage"]
+        tagged: list[str] = []
+        for field in dict.fromkeys(fields):
+            for kind in ("counter", "gauge", "count"):
+                for e in self._entries(field, kind, rt.name):
+                    # Any label value moving is progress (every mode, every priority).
+                    sel = _selector(e.name, self.matchers)
+                    moved = f"{self.plan.changes}({sel}[{s}])"
+                    one = f'label_replace({moved}, "{SERIES}", "{e.name}", "", "")'
+                    if one not in tagged:
+                        tagged.append(one)
+        if not tagged:
+            return None
+        return runtime_reads(rt, f"sum by ({by}) ({' or '.join(tagged)})")
+
+    def _runtime(self) -> FleetQuery | None:
+        """Which engine each server and model is (by the first family of its running
+        gauge), when the fleet shows another engine than vLLM: its row carries the
+        engine's name as ``runtime``."""
+        found = self.runtimes()
+        if not found or [rt.name for rt in found] == ["vllm"]:
+            return None
+        exprs = []
+        for rt in found:
+            first = next(iter(self._entries("running", "gauge", rt.name)), None)
+            if first is None:
+                continue
+            seen = runtime_reads(
+                rt, f"count by ({self.by}) (last_over_time({self._selector(first)}[{self.w}]))"
+            )
+            exprs.append(f'label_replace({seen}, "runtime", "{rt.name}", "", "")')
+        return self._query("runtime", f" or on ({self.by}) ".join(f"({e})" for e in exprs))
+
+    def _engine_gauges(self) -> list[FleetQuery | None]:
+        """The gauges another engine sizes its step and pool by: the last step's latency
+        and the tokens per step over the scrapes with requests running (as the sidecar's
+        window weighs them), and the KV pool's size from its gauges (SGLang's tokens,
+        TensorRT-LLM's blocks and tokens per block)."""
+        by, w, r = self.by, self.w, self.r
+        running = self._each("running", "gauge", f"sum by ({by}) ({{s}})")
+        out: list[FleetQuery | None] = []
+        for field in ("step_seconds", "tokens_per_step"):
+            v = self._each(field, "gauge", f"avg by ({by}) ({{s}})")
+            if v is None or running is None:
+                continue
+            busy = f"avg_over_time((({v}) and on ({by}) (({running}) > 0))[{w}:{r}])"
+            out.append(FleetQuery(f"{field}_busy_mean", busy))
+        for field, agg in (
+            ("pool_tokens", "sum"),
+            ("pool_blocks", "sum"),
+            ("pool_block_size", "max"),
+        ):
+            expr = self._each(field, "gauge", f"{agg} by ({by}) (last_over_time({{s}}[{w}]))")
+            out.append(self._query(field, expr))
+        return out
 
     def _balance(self) -> list[FleetQuery | None]:
         """Engine by engine: its window mean of waiting requests and of KV usage, as the

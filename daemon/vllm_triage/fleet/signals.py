@@ -23,11 +23,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_triage.core.engines import balance_means
-from vllm_triage.core.model import CacheConfig, GaugeStats, Histogram, Progress, WindowTotals
+from vllm_triage.core.model import (
+    REFERENCE,
+    CacheConfig,
+    GaugeStats,
+    Histogram,
+    Progress,
+    Runtime,
+    WindowTotals,
+)
 from vllm_triage.core.names import MAX_ENGINES, label_value
-from vllm_triage.core.roofline.kvpool import beyond_bounds, parse_cache_config, read_pool
+from vllm_triage.core.roofline.kvpool import (
+    MAX_POOL_TOKENS,
+    beyond_bounds,
+    parse_cache_config,
+    read_pool,
+)
 from vllm_triage.core.runtime import HISTOGRAM_FIELDS
 from vllm_triage.fleet.queries import BUCKET_FIELDS, COUNTERS, DCGM_MODEL, POOL_LABELS
+from vllm_triage.rules import runtime_table
+
+RUNTIMES = runtime_table()
 
 Row = Mapping[str, Any]
 
@@ -51,6 +67,9 @@ class _Model:
     #: ``engine_awake``) and its balance (``engine_waiting_mean``,
     #: ``engine_kv_usage_mean``), at most ``MAX_ENGINES`` engines.
     by_engine: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: The serving engine its series are (the ``runtime`` query's row); "" for vLLM's,
+    #: which that query does not ask after in a fleet of vLLM alone.
+    runtime: str = ""
 
 
 @dataclass(slots=True)
@@ -189,6 +208,8 @@ class Fleet:
                     found_engine = model.by_engine[engine] = {}
                 if found_engine is not None:
                     found_engine[key] = value
+            elif key == "runtime":
+                model.runtime = metric.get("runtime", "")
             elif key == "engines":
                 model.engines += int(value)
                 for k, v in metric.items():
@@ -297,6 +318,8 @@ def totals(
     """One model's window as the core's ``WindowTotals``."""
     m = server.models[model_name]
     v = m.values
+    spec = RUNTIMES.get(m.runtime) if m.runtime else None
+    runtime = spec.runtime if spec is not None else REFERENCE
     snapshots = int(v.get("snapshots", 0))
     hists: dict[str, Histogram] = {}
     for name in HISTOGRAM_FIELDS:
@@ -325,12 +348,26 @@ def totals(
         engines=max(1, m.engines),
         engine_waiting_mean=_engine_means(m, "engine_waiting_mean"),
         engine_kv_usage_mean=_engine_means(m, "engine_kv_usage_mean"),
-        kv_pool_tokens=pool_tokens,
+        kv_pool_tokens=pool_tokens if pool_tokens is not None else _gauge_pool(v),
         kv_cache=kv_cache,
         dram_active_mean=dram_active,
-        progress=_progress(m, at, stall_seconds),
+        progress=_progress(m, at, stall_seconds, runtime),
         progress_missing="not exposed: no token, step or scheduler series per engine",
+        runtime=runtime,
+        step_seconds=GaugeStats(v.get("step_seconds_busy_mean"), None, None),
+        tokens_per_step=GaugeStats(v.get("tokens_per_step_busy_mean"), None, None),
     )
+
+
+def _gauge_pool(v: Mapping[str, float]) -> int | None:
+    """The KV pool in tokens from an engine's gauges (SGLang's tokens, TensorRT-LLM's
+    blocks x tokens per block), held to what a card could hold, as the parser does."""
+    tokens = v.get("pool_tokens")
+    if tokens is None and v.get("pool_blocks") is not None:
+        tokens = v["pool_blocks"] * (v.get("pool_block_size") or 1.0)
+    if tokens is None or not 1 <= tokens <= MAX_POOL_TOKENS:
+        return None
+    return round(tokens)
 
 
 def _engine_means(m: _Model, key: str) -> dict[str, float]:
@@ -339,7 +376,16 @@ def _engine_means(m: _Model, key: str) -> dict[str, float]:
     return balance_means({e: v[key] for e, v in m.by_engine.items() if key in v})
 
 
-def _progress(m: _Model, at: float, stall_seconds: float) -> Progress | None:
+def _checked(runtime: Runtime) -> tuple[str, ...]:
+    """What the progress query read for this engine (``queries._progress``)."""
+    if runtime is REFERENCE or runtime.name == "vllm":
+        return ("generation_tokens", "prompt_tokens", "running", "waiting", "kv_usage")
+    return tuple(
+        dict.fromkeys([*sorted(runtime.moves_with_steps), "running", "waiting", "kv_usage"])
+    )
+
+
+def _progress(m: _Model, at: float, stall_seconds: float, runtime: Runtime) -> Progress | None:
     """Each engine stalled or not, from Prometheus' own range (``QueryPlan.stall_seconds``):
     work outstanding throughout it and not one change of its step-driven series. The
     seconds without progress are then at least that range (Prometheus cannot say when the
@@ -359,7 +405,7 @@ def _progress(m: _Model, at: float, stall_seconds: float) -> Progress | None:
         last_progress_at=at - without[worst],
         seconds_without_progress=without[worst],
         running=rows[worst].get("engine_outstanding"),
-        checked=("generation_tokens", "prompt_tokens", "running", "waiting", "kv_usage"),
+        checked=_checked(runtime),
         engines_without=without if len(without) > 1 else {},
         asleep=asleep,
     )

@@ -123,6 +123,72 @@ class TestQueries:
         )
 
 
+class TestEngines:
+    """Every engine's series through the same queries: its names, its matchers, its
+    copies read once, its rank as the engine, its own progress series. A fleet of vLLM
+    alone gets exactly vLLM's queries (no question of which engine it is)."""
+
+    def plan(self) -> QueryPlan:
+        return QueryPlan(
+            selector='{job="vllm"}',
+            identity=("job", "instance"),
+            window_seconds=60,
+            step_seconds=15,
+        )
+
+    def queries(self, present: frozenset[str] | None) -> dict[str, str]:
+        return {q.key: q.promql for q in self.plan().queries(present)}
+
+    def test_a_vllm_fleet_asks_vllms_names_alone(self) -> None:
+        q = self.queries(exposed("healthy"))
+        assert "runtime" not in q and "step_seconds_busy_mean" not in q
+        assert not any("sglang:" in x or "trtllm_" in x or "max without" in x for x in q.values())
+
+    def test_sglang_through_its_spec(self) -> None:
+        q = self.queries(
+            frozenset(
+                {
+                    "sglang:num_running_reqs",
+                    "sglang:num_queue_reqs",
+                    "sglang:full_token_usage",
+                    "sglang:realtime_tokens_total",
+                    "sglang:cuda_graph_passes_total",
+                    "sglang:max_total_num_tokens",
+                    "sglang:spec_accept_length",
+                }
+            )
+        )
+        # The engine's matchers; the copies of one scheduler's series read once.
+        assert q["generation_tokens"] == (
+            "sum by (job, instance, model_name) (max without (tp_rank, pp_rank, moe_ep_rank, "
+            'pid) (increase(sglang:realtime_tokens_total{job="vllm", mode="decode"}[60000ms])))'
+        )
+        assert 'sglang:num_queue_reqs{job="vllm", priority=""}' in q["waiting_mean"]
+        # The KV pool only, never token_usage (the max of every pool).
+        assert "sglang:full_token_usage" in q["kv_usage_max"]
+        # dp_rank read as the engine; progress from its own step-driven series, each
+        # family tagged so that two with the same labels do not collide.
+        changes = q["engine_changes"]
+        assert "label_replace(" in changes and '"engine", "$1", "dp_rank"' in changes
+        assert '"triage_series", "sglang:cuda_graph_passes_total"' in changes
+        assert "label_replace(count by (job, instance, model_name)" in q["runtime"]
+        assert '"runtime", "sglang"' in q["runtime"]
+        assert "sglang:spec_accept_length" in q["tokens_per_step_busy_mean"]
+        assert "sglang:max_total_num_tokens" in q["pool_tokens"]
+
+    def test_trtllm_progress_is_never_its_token_counters(self) -> None:
+        """TensorRT-LLM writes its token counters when a request finishes: its stall
+        watch reads the last iteration's latency, completions and the gauges."""
+        q = self.queries(None)
+        trt = q["engine_changes"].split(" or on (job, instance, model_name, engine) ")
+        mine = next(part for part in trt if "trtllm_" in part)
+        assert "trtllm_iteration_latency_seconds" in mine
+        assert "trtllm_num_requests_completed_total" in mine
+        assert "tokens_total" not in mine
+        # Without the names API every engine is asked for, vLLM's names first.
+        assert q["running_mean"].index("vllm:") < q["running_mean"].index("trtllm_")
+
+
 class TestMatchers:
     @pytest.mark.parametrize(
         ("text", "labels", "hit"),
