@@ -17,6 +17,8 @@ from vllm_triage.assemble import build_daemon
 from vllm_triage.config.schema import Settings
 from vllm_triage.service import Daemon
 from vllm_triage.simulator import Scenario
+from vllm_triage.simulator.dialects import OPENMETRICS_TYPE, RUST
+from vllm_triage.simulator.exposition import Naming
 from vllm_triage.simulator.serve import CONTENT_TYPE, LiveSimulation, SimulatedServer
 
 from support.localserver import Exchange, Handler, serving
@@ -67,14 +69,18 @@ def simulated(scenario: Scenario, *, speed: float) -> Iterator[SimulatedServer]:
 
 
 @contextmanager
-def simulated_on(clock: Callable[[], float], scenario: Scenario, *, speed: float) -> Iterator[str]:
+def simulated_on(
+    clock: Callable[[], float], scenario: Scenario, *, speed: float, naming: Naming = "v1"
+) -> Iterator[str]:
     """A simulated server on 127.0.0.1 whose virtual time is ``clock``'s time since it was
     made, times ``speed``: with a fake clock, time passes only when the test says. Its
-    metrics URL."""
-    live = LiveSimulation(scenario, speed=speed, naming="v1", clock=clock, wall=clock)
+    metrics URL. ``naming``: vLLM's names or another engine's dialect (served at any
+    path, vLLM's Rust frontend as OpenMetrics)."""
+    live = LiveSimulation(scenario, speed=speed, naming=naming, clock=clock, wall=clock)
+    ctype = OPENMETRICS_TYPE if naming == RUST else CONTENT_TYPE
 
     def handle(x: Exchange) -> None:
-        x.reply(200, live.metrics(), content_type=CONTENT_TYPE)
+        x.reply(200, live.metrics(), content_type=ctype)
 
     with serving(handle) as server:
         yield server.url("/metrics")

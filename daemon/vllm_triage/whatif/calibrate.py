@@ -134,6 +134,15 @@ def base_server(obs: Observed) -> Server:
     engines = max(1, s.engines)
     hw = _hardware(obs)
     notes: list[str] = []
+    if s.runtime.name != "vllm":
+        # The simulator schedules as vLLM does; the physics (a step's bytes, the pool,
+        # the batch cap) is the same, the names of the settings are not.
+        notes.append(
+            f"a recording of {s.runtime.shown}: replayed through the simulator's continuous "
+            "batching (vLLM's scheduler); each change key stands for the engine's own "
+            "setting (max_num_seqs: its cap on running requests, max_num_batched_tokens: "
+            "its prefill chunk)"
+        )
     prompt, output = _lengths(s)
     block = (s.kv_cache.block_size if s.kv_cache else None) or 16
     pool_tokens = (s.kv_pool_tokens or 0) // engines
