@@ -89,20 +89,19 @@ def summary(cause: Cause, s: Signals, f: Facts, rules: Rulebook) -> tuple[str, s
                 f"p50 is {_fmt(quantile_value(s.itl_p50), ' s')}: prefill steps stall the streams "
                 "(prefill interference)"
             )
-        prompt = (
-            f"{s.mean_prompt_tokens:,.0f}-token prompts"
+        # What is unknown (the prompts' length, the prefill time) is left unsaid, never
+        # printed as "n/a".
+        known = (
+            [f"{s.mean_prompt_tokens:,.0f}-token prompts"]
             if s.mean_prompt_tokens is not None
-            else "prompts"
+            else []
         )
-        # An unknown prefill time is left unsaid, never printed as "n/a".
-        prefill = (
-            []
-            if s.prefill_time_mean is None
-            else [f"prefill {_fmt(s.prefill_time_mean, ' s')} mean"]
-        )
+        if s.prefill_time_mean is not None:
+            known.append(f"prefill {_fmt(s.prefill_time_mean, ' s')} mean")
         if f.prefill_share is not None:
-            prefill.append(finished_share(f.prefill_share, s.prefill_time_count))
-        return "; ".join(parts) + ": " + ", ".join([prompt, *prefill]), None
+            known.append(finished_share(f.prefill_share, s.prefill_time_count))
+        head = "; ".join(parts)
+        return (f"{head}: {', '.join(known)}" if known else head), None
     head = f"ITL p99 {_fmt(quantile_value(s.itl_p99), ' s')} > SLO {slo.itl_p99_seconds:g} s"
     if s.decode_tokens_per_second_per_stream is not None:
         head += f": {_fmt(s.decode_tokens_per_second_per_stream, ' tok/s', 3)} per stream"
