@@ -215,11 +215,9 @@ def test_prometheus_scrapes_triage_and_fleet_mode_diagnoses_the_fleet(tmp_path: 
     for pod, (_, card, dcgm_card, dram) in zip(pods, SERVERS, strict=True):
         name = f"llm/{pod}"
         cause = want[name]
-        assert f'diagnosis="{cause}",model_name="{MODEL}",target="{name}"}} 1.0' in text
-        assert (
-            f'vllm_triage_gpu_dram_active_ratio{{model_name="{MODEL}",target="{name}"}} {dram}'
-            in text
-        )
+        ours = f'model_name="{MODEL}",runtime="vllm",target="{name}"}}'
+        assert f'diagnosis="{cause}",{ours} 1.0' in text
+        assert f"vllm_triage_gpu_dram_active_ratio{{{ours} {dram}" in text
         mine, theirs = fleet_states[name], sidecar_states[pod]
         # Each server its own card's ceiling: the one the sidecar was told by hand.
         assert mine.ceiling is not None and theirs.ceiling is not None
@@ -230,7 +228,7 @@ def test_prometheus_scrapes_triage_and_fleet_mode_diagnoses_the_fleet(tmp_path: 
         assert evidence["tensor_parallel_source"] == "dcgm (1 GPU in the pod)"
         assert evidence["model_source"] == "model table"
         assert "decode_roofline_ratio" in evidence
-        assert f'vllm_triage_decode_roofline_ratio{{model_name="{MODEL}",target="{name}"}}' in text
+        assert f"vllm_triage_decode_roofline_ratio{{{ours}" in text
     for (buckets, k), (judged, seen, cards) in shards.items():
         assert judged == {f"llm/{pods[k]}"}, (buckets, k)
         assert seen == (1 if buckets else 2), (buckets, k)
@@ -498,10 +496,8 @@ def test_fleet_signals_equal_the_sidecars_on_a_recording(tmp_path: Path, kind: s
             "iteration_tokens_mean",
             "iteration_steps",
         ):
-            assert getattr(got, name) == pytest.approx(getattr(want, name), rel=1e-6), (
-                instance,
-                name,
-            )
+            # Both unknown where the window's steps carry prefill (no decode speed).
+            assert same(getattr(got, name), getattr(want, name), 1e-6), (instance, name)
         # Maxima and the busy means come from a subquery at the step: the same samples.
         for name in ("running_max", "waiting_max", "running_busy_mean", "kv_usage_busy_mean"):
             assert getattr(got, name) == pytest.approx(getattr(want, name), rel=0.1), (
