@@ -278,6 +278,32 @@ class TestRun:
             f'runtime="{name}",target="t"}} 1.0'
         ) in metrics
 
+    @pytest.mark.parametrize("engine", list(FIXTURES))
+    def test_the_daemon_judges_each_engines_own_bytes(self, engine: str) -> None:
+        """The daemon scraping an engine's fixture, unchanged scrape after scrape: the
+        engine is said, and the bytes judged as what they show (requests outstanding,
+        nothing moving: stalled, after a 1 s stall_after_seconds here)."""
+        body = FIXTURES[engine].read_bytes()
+        with serving(replies((200, body))) as server:
+            settings = load_settings(
+                flags={
+                    "listen": "127.0.0.1:0",
+                    "interval_seconds": 0.2,
+                    "state_dir": None,
+                    "thresholds": {"stall_after_seconds": 1},
+                    "targets": [{"name": "t", "url": server.url("/metrics")}],
+                }
+            )
+            with running_daemon(settings) as d:
+                (scraper,) = d.scrapers
+                st = scraper.target.state
+
+                def stalled() -> bool:
+                    return st.view is not None and any(a.cause == "stalled" for a in st.view.active)
+
+                wait_for(stalled, timeout=30)
+        assert st.runtime == engine.split("-", maxsplit=1)[0]
+
     def test_an_unknown_runtime_in_the_settings_is_refused(self) -> None:
         with pytest.raises(ConfigError, match="'tgi' is not an engine vllm-triage reads"):
             load_settings(flags={"targets": [{"url": "http://a:8000", "runtime": "tgi"}]})

@@ -80,7 +80,7 @@ class TestTheWholePipeline:
             )
             assert settings.slo.itl_p99_seconds == 0.024  # the tour's own SLO
             with running_daemon(settings, clock=scaled_clock(speed)) as daemon:
-                key = (("model_name", MODEL), ("target", "tour"))
+                key = (("model_name", MODEL), ("runtime", "vllm"), ("target", "tour"))
 
                 def decode_firing() -> str | None:
                     text = httpx.get(daemon.url + "/metrics", timeout=5).text

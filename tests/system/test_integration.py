@@ -46,7 +46,7 @@ from support.components import alertmanager, binary, ok, process, prometheus
 from support.fleet_sim import PodGpus, dcgm_exposition, relabel, serving
 from support.harness import free_port, metrics_url, running_daemon, simulated, wait_for
 from support.parsing import parse_snapshot
-from support.paths import FIXTURES
+from support.paths import FIXTURES, RUNTIME_FIXTURES
 from support.receiver import Receiver
 
 pytestmark = pytest.mark.prometheus
@@ -706,3 +706,38 @@ def test_fleet_reads_each_engines_series_as_the_sidecar_does(tmp_path: Path, eng
         causes[instance.split(":")[0]] = cause
     assert causes["kv_pressure"] == "kv_pressure"
     assert causes["prefill_bound"] == "prefill_bound"
+
+
+#: Each engine's own bytes (tests/fixtures/runtimes/), as a server whose every scrape is
+#: that body: requests outstanding and nothing moving, a hung engine.
+FROZEN = {
+    "sglang": "sglang/sglang-0.5.23.txt",
+    "sglang-dp2": "sglang/sglang-0.5.23-dp2-eagle.txt",
+    "lmdeploy": "lmdeploy/lmdeploy-0.18.0.txt",
+    "trtllm": "trtllm/trtllm-serve.txt",
+}
+
+
+def test_fleet_reads_each_engines_own_bytes(tmp_path: Path) -> None:
+    """Each engine's fixture, made by its own metrics code, scraped unchanged for five
+    minutes into a real Prometheus: fleet mode names each server's engine and judges what
+    the bytes show, a server whose series never move while requests are outstanding:
+    stalled (rank by rank for SGLang's two data-parallel ranks)."""
+    step, window = 5.0, 60.0
+    end = time.time() - 3600
+    end -= end % step
+    recordings = {
+        f"{name}:8000": [
+            (end - 300 + k * step, (RUNTIME_FIXTURES / path).read_text(encoding="utf-8"))
+            for k in range(61)
+        ]
+        for name, path in FROZEN.items()
+    }
+    source, _ = fleet_over_backfill(tmp_path, recordings, step, window, end)
+    for name in FROZEN:
+        view = source.targets[f"vllm/{name}:8000"].state.view
+        assert view is not None, name
+        engine = name.split("-")[0]
+        assert {s.runtime.name for s in view.evaluation.signals.values()} == {engine}, name
+        causes = {d.cause for d in view.evaluation.diagnoses.values()}
+        assert causes == {"stalled"}, (name, causes)
