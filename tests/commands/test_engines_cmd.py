@@ -20,7 +20,7 @@ from vllm_triage.errors import ConfigError
 from vllm_triage.serve.exporter import build_registry
 from vllm_triage.simulator import get_scenario
 
-from support.clirun import vllm_triage
+from support.clirun import HANG_S, vllm_triage
 from support.clock import FakeClock
 from support.harness import running_daemon, simulated_on, wait_for
 from support.localserver import replies, serving
@@ -85,7 +85,6 @@ class TestCheck:
                 "--format",
                 "json",
                 cwd=tmp_path,
-                timeout=60,
             )
         assert result.returncode == 1, result.stderr
         report = json.loads(result.stdout)
@@ -103,7 +102,6 @@ class TestCheck:
                 "--window",
                 "0.3",
                 cwd=tmp_path,
-                timeout=60,
             )
         assert result.returncode == 3
         assert "the target's settings name the runtime LMDeploy, but its metrics are SGLang" in (
@@ -206,9 +204,7 @@ class TestWhatif:
         """whatif replays a recording of any engine through the simulator's scheduler, and
         says so: the change keys stand for the engine's own settings."""
         rec = write_recording(tmp_path / "rec", "queue_bound", duration=240, naming="sglang")
-        result = vllm_triage(
-            "whatif", str(rec), "--change", "max_num_seqs=64", cwd=tmp_path, timeout=300
-        )
+        result = vllm_triage("whatif", str(rec), "--change", "max_num_seqs=64", cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert "note: a recording of SGLang: replayed through the simulator's" in result.stdout
         assert "queue_bound diagnosed" in result.stdout
@@ -230,7 +226,6 @@ class TestRecord:
                 "--duration",
                 "0.5",
                 cwd=tmp_path,
-                timeout=30,
             )
         assert result.returncode == 0, result.stderr
         files = sorted((tmp_path / "rec").glob("*.prom"))
@@ -268,7 +263,7 @@ class TestRun:
                         a.cause == "kv_pressure" for a in st.view.active
                     )
 
-                wait_for(fired, timeout=60)
+                wait_for(fired, timeout=HANG_S)
                 metrics = generate_latest(build_registry(lambda: [st], list)).decode()
         assert st.runtime == name
         detected = [e for e in logs if e["event"] == "runtime_detected"]
@@ -301,7 +296,7 @@ class TestRun:
                 def stalled() -> bool:
                     return st.view is not None and any(a.cause == "stalled" for a in st.view.active)
 
-                wait_for(stalled, timeout=30)
+                wait_for(stalled, timeout=HANG_S)
         assert st.runtime == engine.split("-", maxsplit=1)[0]
 
     def test_an_unknown_runtime_in_the_settings_is_refused(self) -> None:
