@@ -263,9 +263,9 @@ def _family(fname: str, entry: Any, source: str, where: str) -> Family:
     unknown = set(entry) - _FAMILY_KEYS
     if unknown:
         raise _fail(source, where, f"unknown keys {sorted(unknown)}")
-    kind = entry.get("type")
-    if kind != FIELD_TYPES[fname]:
-        raise _fail(source, where, f"{fname} is a {FIELD_TYPES[fname]}, not {kind!r}")
+    kind = FIELD_TYPES[fname]
+    if entry.get("type") != kind:
+        raise _fail(source, where, f"{fname} is a {kind}, not {entry.get('type')!r}")
     name = _str(entry, "name", source)
     era = entry.get("era", "both")
     if era not in ("old", "new", "both"):
