@@ -173,12 +173,12 @@ def _dist_info(names: list[str]) -> set[str]:
     return {n for n in names if n.split("/")[0].endswith(".dist-info")}
 
 
-#: The data files shipped beside the modules (pyproject.toml's package-data).
+#: The data files shipped beside the modules (pyproject.toml's package-data). The
+#: bundled rules are not listed here: every file of rules/ ships, whatever folder it is
+#: in (a new folder the package-data forgets fails here), but for rules/prometheus/,
+#: which users copy into their Prometheus from the repository or `render`.
 _DATA = (
     "py.typed",
-    "bundled_rules/*.yaml",
-    "bundled_rules/*.md",
-    "bundled_rules/scenarios/*.yaml",
     "page/assets/*.html",
     "page/assets/*.js",
     "page/assets/*.css",
@@ -197,6 +197,14 @@ def _expected_files() -> set[str]:
     }
     for pattern in _DATA:
         files |= {p for p in PACKAGE.glob(pattern) if p.is_file()}
+    rules = PACKAGE / "bundled_rules"
+    files |= {
+        p
+        for p in rules.rglob("*")
+        if p.is_file()
+        and p.relative_to(rules).parts[0] != "prometheus"
+        and "__pycache__" not in p.parts
+    }
     return {"vllm_triage/" + p.relative_to(PACKAGE).as_posix() for p in files}
 
 
