@@ -151,12 +151,16 @@ def report_parts(settings: Settings) -> ReportParts:
 
 
 def history(settings: Settings, rulebook: Rulebook) -> History:
+    """A target's status-page hour: a point per evaluation; in fleet mode, a point per
+    ``prometheus.history_step_seconds`` (thousands of servers, looked at one at a time)."""
     spec = load_spec()
+    fleet = settings.prometheus if settings.source == "prometheus" else None
     return History.for_interval(
         spec.measured_keys,
         history_seconds=spec.history_seconds,
         interval_seconds=settings.interval_seconds,
         settings_values=setting_values(rulebook),
+        step_seconds=fleet.history_step_seconds if fleet is not None else 0.0,
     )
 
 

@@ -99,7 +99,13 @@ class ReceiverView(Protocol):
 
 
 class History:
-    """One target's rings, one per model, each ``capacity`` points long."""
+    """One target's rings, one per model, each ``capacity`` points long.
+
+    ``step_seconds`` (fleet mode: ``prometheus.history_step_seconds``) keeps one point per
+    step instead of one per evaluation: each point is the last evaluation of its step
+    (the step ending at a multiple of it), its cause the last one diagnosed in it. With a
+    60 s window and a 60 s step the points' windows tile the hour: nothing measured is
+    skipped, only drawn coarser, at a quarter of the memory of a 15 s interval."""
 
     def __init__(
         self,
@@ -108,12 +114,14 @@ class History:
         capacity: int,
         keep_seconds: float,
         settings_values: Mapping[str, float] | None = None,
+        step_seconds: float = 0.0,
     ) -> None:
         self.keys = tuple(keys)
         #: The target's settings in force (SLOs, thresholds, ceiling), drawn as lines.
         self.settings_values = dict(settings_values or {})
         self.capacity = capacity
         self.keep_seconds = keep_seconds
+        self.step_seconds = step_seconds
         self._rings: dict[str, Ring] = {}
         self._lock = threading.Lock()
 
@@ -125,35 +133,56 @@ class History:
         history_seconds: float,
         interval_seconds: float,
         settings_values: Mapping[str, float] | None = None,
+        step_seconds: float = 0.0,
     ) -> History:
-        capacity = math.ceil(history_seconds / interval_seconds) + 1
+        """An hour (``history_seconds``) of points at the interval, or at ``step_seconds``
+        where that is longer (shorter: every evaluation is a point)."""
+        step = step_seconds if step_seconds > interval_seconds else 0.0
+        capacity = math.ceil(history_seconds / (step or interval_seconds)) + 1
         return cls(
             keys,
             capacity=capacity,
             keep_seconds=history_seconds,
             settings_values=settings_values,
+            step_seconds=step,
         )
+
+    def _slot(self, at: float) -> float:
+        """The step an evaluation at ``at`` belongs to: the one ending at or after it."""
+        return math.ceil(at / self.step_seconds)
 
     def record(self, evaluation: Evaluation) -> None:
         """Append one point per model the evaluation diagnosed: what it measured
-        (``Evaluation.measurements``), the charted keys of it."""
+        (``Evaluation.measurements``), the charted keys of it; with ``step_seconds``, a
+        later evaluation of the same step replaces the point (``Ring.amend``)."""
         points = [
             (model, evaluation.measurements.get(model, {}), d.cause)
             for model, d in evaluation.diagnoses.items()
         ]
+        at = evaluation.at
         with self._lock:
             for model, values, cause in points:
                 ring = self._rings.get(model)
                 if ring is None:
                     ring = self._rings[model] = Ring(self.keys, self.capacity)
-                ring.append(evaluation.at, values, cause)
-            stale = evaluation.at - self.keep_seconds
+                newest = ring.newest
+                if (
+                    self.step_seconds
+                    and newest is not None
+                    and self._slot(newest) == self._slot(at)
+                ):
+                    ring.amend(at, values, cause)
+                else:
+                    ring.append(at, values, cause)
+            stale = at - self.keep_seconds
             for model in [m for m, r in self._rings.items() if (r.newest or 0.0) < stale]:
                 del self._rings[model]
 
     def windows(self, since: float) -> dict[str, ChartPoints]:
         with self._lock:
-            return {m: r.window(since) for m, r in sorted(self._rings.items())}
+            return {
+                m: r.window(since, step=self.step_seconds) for m, r in sorted(self._rings.items())
+            }
 
     @property
     def nbytes(self) -> int:

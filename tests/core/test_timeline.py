@@ -124,6 +124,27 @@ def test_breach_began_walks_back_the_unbroken_run() -> None:
     assert breach_began(times, causes, 12.0) is None  # no evaluation then
 
 
+def test_breach_began_with_points_one_per_step() -> None:
+    """Points one per 60 s step, each the last evaluation of its step: an incident that
+    opened at 100 s is in the point at 120 s; its run is known to the step."""
+    times = [60.0, 120.0, 180.0, 240.0, 285.0]
+    causes = [None, K, K, None, Q]
+    assert breach_began(times, causes, 100.0, 60.0) == 100.0  # never after it opened
+    assert breach_began(times, causes, 130.0, 60.0) == 120.0  # walked back a step
+    assert breach_began(times, causes, 180.0, 60.0) == 120.0
+    assert breach_began(times, causes, 190.0, 60.0) is None  # its point was clear
+    assert breach_began(times, causes, 250.0, 60.0) == 250.0  # the newest point, unfinished
+    assert breach_began(times, causes, 290.0, 60.0) is None  # after every point
+    assert breach_began(times, causes, 30.0, 60.0) is None  # in a clear point
+    assert breach_began([], [], 30.0, 60.0) is None
+
+
+def test_breach_began_a_point_more_than_a_step_later_is_not_its_own() -> None:
+    """A gap: the first point after ``at`` is a step or more later, so ``at`` fell in
+    no point kept."""
+    assert breach_began([60.0, 240.0], [K, K], 100.0, 60.0) is None
+
+
 def test_median_interval() -> None:
     assert median_interval([0.0, 5.0, 10.0, 60.0, 65.0]) == 5.0
     assert median_interval([1.0]) is None

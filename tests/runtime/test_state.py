@@ -115,3 +115,97 @@ class TestHistory:
         assert not any(
             v is not None and math.isnan(v) for col in window.columns.values() for v in col
         )
+
+
+def breached(at: float, cause: str | None, running: float) -> Evaluation:
+    """One model ``m`` evaluated at ``at``: ``cause`` diagnosed (None: clear)."""
+    e = evaluation(at, {"m": running})
+    e.diagnoses["m"] = Diagnosis(model_name="m", at=at, breaches=(), cause=cause)
+    return e
+
+
+class TestRingAmend:
+    def test_replaces_the_newest_point_in_place(self) -> None:
+        ring = Ring(KEYS, capacity=3)
+        ring.append(0.0, {"requests_running_mean": 1.0}, None)
+        ring.append(60.0, {"requests_running_mean": 2.0}, None)
+        ring.amend(75.0, {"requests_waiting_mean": 3.0}, "queue_bound")
+        w = ring.window()
+        assert len(ring) == 2 and ring.newest == 75.0
+        assert w.times == [0.0, 75.0]
+        # Every number is the later evaluation's: one it did not measure is unknown.
+        assert w.columns["requests_running_mean"] == [1.0, None]
+        assert w.columns["requests_waiting_mean"] == [None, 3.0]
+        assert w.causes == [None, "queue_bound"]
+
+    def test_a_clear_evaluation_keeps_the_cause_of_the_point(self) -> None:
+        ring = Ring(KEYS, capacity=3)
+        ring.append(0.0, {}, "kv_pressure")
+        ring.amend(15.0, {}, None)
+        assert ring.window().causes == ["kv_pressure"]
+        ring.amend(30.0, {}, "stalled")  # a later cause replaces it
+        assert ring.window().causes == ["stalled"]
+
+    def test_on_an_empty_ring_appends(self) -> None:
+        ring = Ring(KEYS, capacity=2)
+        ring.amend(5.0, {"requests_running_mean": 1.0}, None)
+        assert ring.window().times == [5.0] and len(ring) == 1
+
+    def test_amends_the_newest_after_wrapping(self) -> None:
+        ring = Ring(KEYS, capacity=2)
+        for i in range(3):
+            ring.append(float(i), {"requests_running_mean": float(i)}, None)
+        ring.amend(2.5, {"requests_running_mean": 9.0}, None)
+        w = ring.window()
+        assert w.times == [1.0, 2.5]
+        assert w.columns["requests_running_mean"] == [1.0, 9.0]
+
+
+class TestHistoryStep:
+    def test_an_hour_at_the_step(self) -> None:
+        h = History.for_interval(KEYS, history_seconds=3600, interval_seconds=15, step_seconds=60)
+        assert (h.capacity, h.step_seconds) == (61, 60)
+        # At or under the interval every evaluation is a point: no step.
+        for step in (0.0, 10.0, 15.0):
+            h = History.for_interval(
+                KEYS, history_seconds=3600, interval_seconds=15, step_seconds=step
+            )
+            assert (h.capacity, h.step_seconds) == (241, 0.0)
+
+    def test_one_point_per_step_the_last_evaluation_of_it(self) -> None:
+        h = History.for_interval(KEYS, history_seconds=3600, interval_seconds=15, step_seconds=60)
+        for at in (15.0, 30.0, 45.0, 60.0, 75.0, 90.0):
+            h.record(breached(at, None, at))
+        w = h.windows(since=0.0)["m"]
+        # 15..60 are the step ending at 60; 75 and 90 the one ending at 120.
+        assert w.times == [60.0, 90.0]
+        assert w.columns["requests_running_mean"] == [60.0, 90.0]
+        assert w.step == 60.0
+
+    def test_a_breach_inside_a_step_stays_shown(self) -> None:
+        h = History.for_interval(KEYS, history_seconds=3600, interval_seconds=15, step_seconds=60)
+        h.record(breached(15.0, None, 1.0))
+        h.record(breached(30.0, "kv_pressure", 2.0))
+        h.record(breached(45.0, None, 3.0))
+        h.record(breached(60.0, None, 4.0))
+        h.record(breached(75.0, None, 5.0))
+        w = h.windows(since=0.0)["m"]
+        assert w.causes == ["kv_pressure", None]
+        assert w.columns["requests_running_mean"] == [4.0, 5.0]
+
+    def test_an_hour_of_steps_is_bounded(self) -> None:
+        h = History.for_interval(KEYS, history_seconds=3600, interval_seconds=15, step_seconds=60)
+        for i in range(1, 4 * 240):  # four hours at 15 s
+            h.record(breached(15.0 * i, None, 1.0))
+        w = h.windows(since=0.0)["m"]
+        assert len(w.times) == 61 and w.times[-1] == 15.0 * (4 * 240 - 1)
+        # Each point but the newest (its step not over yet) ends a step.
+        assert all(t % 60.0 == 0.0 for t in w.times[:-1])
+        assert h.nbytes == 61 * (8 + 4 * len(KEYS) + 8)
+
+    def test_without_a_step_every_evaluation_is_a_point(self) -> None:
+        h = History.for_interval(KEYS, history_seconds=3600, interval_seconds=15)
+        for at in (15.0, 30.0, 45.0):
+            h.record(breached(at, None, at))
+        w = h.windows(since=0.0)["m"]
+        assert w.times == [15.0, 30.0, 45.0] and w.step == 0.0

@@ -480,6 +480,11 @@ class PrometheusSourceSettings(HttpAuth):
     #: 55 KB of memory and 1 ms of CPU a tick each (docs/benchmarks.md): 2,000 fit the
     #: StatefulSet's 256 MiB; raise both together.
     max_servers: int = Field(default=2000, ge=1)
+    #: Each server's status-page hour keeps one point per this many seconds (the last
+    #: evaluation of each step, ``state.History``): 61 points at 60 s, 5 KB a server,
+    #: where one per 15 s tick is 17 KB. 0 (or anything up to ``interval_seconds``): a
+    #: point per tick.
+    history_step_seconds: float = Field(default=60.0, ge=0, le=3600)
     #: A tick whose answers hold fewer rows than this share of the last judged tick's is
     #: read as data missing ("cannot tell": nothing judged) until the lower count has held
     #: ``series_drop_ticks`` ticks in a row; that tick is judged and is the new baseline.

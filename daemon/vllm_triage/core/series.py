@@ -23,11 +23,14 @@ NAN = float("nan")
 
 @dataclass(frozen=True, slots=True)
 class ChartPoints:
-    """A copy of a ring's points since some time, oldest first (None where unknown)."""
+    """A copy of a ring's points since some time, oldest first (None where unknown).
+    ``step``: the seconds one point stands for when the ring keeps one per step
+    (``Ring.amend``); 0 when every evaluation is a point."""
 
     times: list[float]
     columns: dict[str, list[float | None]]
     causes: list[str | None]
+    step: float = 0.0
 
 
 class Ring:
@@ -46,12 +49,28 @@ class Ring:
 
     def append(self, at: float, values: Mapping[str, float], cause: str | None) -> None:
         i = self._next
-        self._times[i] = at
-        for key, column in self._columns.items():
-            column[i] = values.get(key, NAN)
+        self._write(i, at, values)
         self._causes[i] = cause
         self._next = (i + 1) % self.capacity
         self._size = min(self._size + 1, self.capacity)
+
+    def amend(self, at: float, values: Mapping[str, float], cause: str | None) -> None:
+        """Replace the newest point by a later evaluation of the same step (a ring that
+        keeps one point per step): its time and numbers become the later one's; its cause
+        too, unless the later one has none, so that a breach inside the step stays shown
+        (as ``timeline.for_display`` keeps a thinned slice's last cause)."""
+        if self._size == 0:
+            self.append(at, values, cause)
+            return
+        i = (self._next - 1) % self.capacity
+        self._write(i, at, values)
+        if cause is not None:
+            self._causes[i] = cause
+
+    def _write(self, i: int, at: float, values: Mapping[str, float]) -> None:
+        self._times[i] = at
+        for key, column in self._columns.items():
+            column[i] = values.get(key, NAN)
 
     @property
     def newest(self) -> float | None:
@@ -60,7 +79,7 @@ class Ring:
     def __len__(self) -> int:
         return self._size
 
-    def window(self, since: float = -math.inf) -> ChartPoints:
+    def window(self, since: float = -math.inf, *, step: float = 0.0) -> ChartPoints:
         start = (self._next - self._size) % self.capacity
         order = [(start + j) % self.capacity for j in range(self._size)]
         order = [i for i in order if self._times[i] >= since]
@@ -71,6 +90,7 @@ class Ring:
                 for k, c in self._columns.items()
             },
             causes=[self._causes[i] for i in order],
+            step=step,
         )
 
     @property

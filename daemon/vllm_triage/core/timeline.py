@@ -140,18 +140,28 @@ def incidents(transitions: Iterable[Transition]) -> list[Incident]:
     return sorted(out, key=lambda i: (i.started_at, i.model_name))
 
 
-def breach_began(times: Sequence[float], causes: Sequence[str | None], at: float) -> float | None:
+def breach_began(
+    times: Sequence[float], causes: Sequence[str | None], at: float, step: float = 0.0
+) -> float | None:
     """The time of the first breached evaluation of the unbroken run that ends at ``at``
     (the incident fires only after ``open_after`` of them). None if ``at`` is not among
-    ``times`` or was not itself breached."""
+    ``times`` or was not itself breached. ``step``: the points are one per step
+    (``ChartPoints.step``), so ``at`` is in the first point at or after it, less than a
+    step later; the run's start is then known to the step, and never after ``at``."""
     i = len(times) - 1
-    while i >= 0 and times[i] > at:
-        i -= 1
-    if i < 0 or times[i] != at or causes[i] is None:
-        return None
+    if step <= 0:
+        while i >= 0 and times[i] > at:
+            i -= 1
+        if i < 0 or times[i] != at or causes[i] is None:
+            return None
+    else:
+        while i > 0 and times[i - 1] >= at:
+            i -= 1
+        if i < 0 or not at <= times[i] < at + step or causes[i] is None:
+            return None
     while i > 0 and causes[i - 1] is not None:
         i -= 1
-    return times[i]
+    return min(times[i], at)
 
 
 def median_interval(times: Sequence[float]) -> float | None:

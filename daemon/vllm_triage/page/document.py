@@ -105,6 +105,7 @@ def _incident_json(
     *,
     times: Sequence[float],
     causes: Sequence[str | None],
+    step: float = 0.0,
 ) -> dict[str, Any]:
     segments = i.segments()
     for cause in {i.cause, *i.diagnosis.secondary, *(c for _, _, c in segments)}:
@@ -119,7 +120,7 @@ def _incident_json(
         # When the cause changed, the breach began under the previous incident: only an
         # incident that opened from clear has a lead-up of its own.
         "breach_began": (
-            breach_began(times, causes, i.started_at)
+            breach_began(times, causes, i.started_at, step)
             if i.opened_because is not Reason.CAUSE_CHANGED
             else None
         ),
@@ -192,7 +193,15 @@ def section(
         "evaluations": shown.evaluations,
         "thinned": shown.thinned,
         "incidents": [
-            _incident_json(spec, doc, f"{sid}-i{n}", i, times=window.times, causes=window.causes)
+            _incident_json(
+                spec,
+                doc,
+                f"{sid}-i{n}",
+                i,
+                times=window.times,
+                causes=window.causes,
+                step=window.step,
+            )
             for n, i in enumerate(found, start=1)
         ],
         "transitions": [_transition_json(t) for t in transitions],

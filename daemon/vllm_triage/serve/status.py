@@ -112,6 +112,16 @@ def live_document(
     doc["facts"] = [["daemon", f"vllm-triage {__version__}"]]
     if interval_seconds is not None:
         doc["facts"].append(["scrape interval", f"{interval_seconds:g} s"])
+    steps = [t.history.step_seconds for t in targets if t.history is not None]
+    if any(steps):
+        # Fleet mode keeps each server's hour coarser (``History``): the page says so.
+        doc["facts"].append(
+            [
+                "chart points",
+                f"one per {duration(max(steps))} per server, the last evaluation of each "
+                "(prometheus.history_step_seconds)",
+            ]
+        )
     if settings_rows is not None:
         doc["settings"] = settings_rows
     for r in receivers:

@@ -23,6 +23,7 @@ from vllm_triage.assemble import (
     build_fleet,
     build_hardware_resolver,
     build_rulebook,
+    history,
 )
 from vllm_triage.config.load import load_settings
 from vllm_triage.config.matchers import parse_matchers
@@ -32,6 +33,7 @@ from vllm_triage.fleet.completeness import REASONS
 from vllm_triage.fleet.hardware import Card, HardwareResolver
 from vllm_triage.fleet.queries import QueryPlan, duration, names
 from vllm_triage.fleet.source import PrometheusSource, shard_of
+from vllm_triage.serve.status import live_document
 from vllm_triage.store import StateStore
 
 from support.fake_query_api import (
@@ -794,3 +796,42 @@ class TestOneServerNeverBlindsTheRest:
         (unusable,) = [e for e in logs if e["event"] == "series_unusable"]
         assert unusable["parts"] == 40
         assert len(logs) <= 6, events
+
+
+class TestStatusPageHistory:
+    """Each server's status-page hour, one point per ``history_step_seconds``."""
+
+    def test_a_point_per_step_and_the_page_says_so(self) -> None:
+        fake = Fake()
+        fake.servers = {"a:8000": "kv_pressure"}
+        # Five ticks 5 s apart from a step's start: the four in it make one point.
+        start = NOW - NOW % 60.0
+        with query_api(fake) as url:
+            source = run_ticks(
+                fleet_settings(url, history_step_seconds=20),
+                warm(fake, [start + STEP * i for i in range(1, 6)]),
+                fake=fake,
+            )
+        state = source.targets["vllm/a:8000"].state
+        assert state.history is not None
+        assert state.history.step_seconds == 20.0
+        window = state.history.windows(since=0.0)[MODEL]
+        assert window.times == [start + 20.0, start + 25.0]
+        assert window.step == 20.0
+        doc = live_document([state], now=start + 25.0)
+        assert dict(map(tuple, doc["facts"]))["chart points"].startswith("one per 20 s")
+
+    def test_the_setting_and_its_bounds(self) -> None:
+        settings = fleet_settings("http://127.0.0.1:9")
+        assert settings.prometheus.history_step_seconds == 60.0
+        rulebook = build_rulebook(settings)
+        h = history(settings, rulebook)
+        assert (h.step_seconds, h.capacity) == (60.0, 61)
+        # The sidecar keeps a point per evaluation whatever the fleet setting says.
+        sidecar = load_settings(
+            flags={"prometheus": {"url": "http://127.0.0.1:9", "history_step_seconds": 60}}
+        )
+        assert history(sidecar, build_rulebook(sidecar)).step_seconds == 0.0
+        for bad in (-1, 3601):
+            with pytest.raises(ConfigError, match=r"prometheus\.history_step_seconds"):
+                fleet_settings("http://127.0.0.1:9", history_step_seconds=bad)
