@@ -499,6 +499,9 @@ def main(argv: list[str]) -> int:
             return [int(x) for x in argv[argv.index(flag) + 1].split(",") if int(x)]
         return default
 
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        return 0
     quick = "--quick" in argv
     counts = listed("--servers", [250, 500] if quick else [250, 500, 1000, 2000])
     sizes = listed("--replay", [10000] if quick else [10000, 20000])
