@@ -21,6 +21,7 @@ import re
 import shutil
 import socket
 import ssl
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -159,7 +160,8 @@ def history(settings: Settings, rulebook: Rulebook) -> History:
         spec.measured_keys,
         history_seconds=spec.history_seconds,
         interval_seconds=settings.interval_seconds,
-        settings_values=setting_values(rulebook),
+        # Interned: a fleet's servers each keep these, one copy of each name between them.
+        settings_values={sys.intern(k): v for k, v in setting_values(rulebook).items()},
         step_seconds=fleet.history_step_seconds if fleet is not None else 0.0,
     )
 

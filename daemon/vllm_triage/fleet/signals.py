@@ -52,6 +52,11 @@ _SHOWN = reprlib.Repr()
 _SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxstring, _SHOWN.maxother = 2, 3, 40, 40
 
 
+#: The ``le`` values a tick remembers as numbers (``Fleet.bounds``): vLLM's histograms
+#: use a few dozen between them.
+MAX_BOUNDS = 256
+
+
 def _shown(value: object) -> str:
     return _SHOWN.repr(value)
 
@@ -61,7 +66,9 @@ class _Model:
     """What the answers said about one model of one server."""
 
     values: dict[str, float] = field(default_factory=dict)
-    buckets: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    #: Per histogram: its bucket rows' bounds and counts, in the order read (two lists,
+    #: not a tuple a row: a tick holds every server's buckets at once).
+    buckets: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
     engines: int = 0
     #: Per ``engine`` label: its progress rows (``engine_changes``, ``engine_outstanding``,
     #: ``engine_awake``) and its balance (``engine_waiting_mean``,
@@ -121,6 +128,10 @@ class Fleet:
     unusable: int = 0
     #: Servers by the values of their identity labels (each name is built once).
     by_ident: dict[tuple[str | None, ...], Server] = field(default_factory=dict, repr=False)
+    #: Each ``le`` label value read, as its number: every server's buckets share the few
+    #: bounds a fleet uses (one float each, kept by every server's histogram), at most
+    #: ``MAX_BOUNDS`` of them (past that, a peer's odd bounds are read each time).
+    bounds: dict[str, float] = field(default_factory=dict, repr=False)
 
     def _server(self, labels: Any, piece: int) -> Server | None:
         """The server a row's labels name; None when they are not a label set of strings
@@ -160,6 +171,7 @@ class Fleet:
         engine_key = key.startswith("engine_")
         # Rows whose every label is kept (the pool's settings, the rules' labels).
         kept = key in ("pool", "engines")
+        bounds = self.bounds
         for row in rows:
             self.rows += 1
             metric, raw = _parts(row)
@@ -190,14 +202,18 @@ class Fleet:
                 model = server.models[name] = _Model()
             if bucket is not None:
                 try:
-                    le = float(metric["le"])
+                    raw_le = metric["le"]
+                    le = bounds.get(raw_le) if type(raw_le) is str else None
+                    if le is None:
+                        le = self._bound(raw_le)
                 except (KeyError, ValueError, TypeError):
                     server.problems.append(f"{key}: a bucket without a numeric le; left out")
                     continue
                 found = model.buckets.get(bucket)
                 if found is None:
-                    found = model.buckets[bucket] = []
-                found.append((le, value))
+                    found = model.buckets[bucket] = ([], [])
+                found[0].append(le)
+                found[1].append(value)
             elif engine_key:
                 engine = metric.get("engine", "")
                 if type(engine) is not str:
@@ -217,6 +233,14 @@ class Fleet:
                         server.labels.setdefault(k, v)
             else:
                 model.values[key] = value
+
+    def _bound(self, raw: Any) -> float:
+        """An ``le`` label value not read yet this tick as a number (``float``'s errors
+        for what is not one), remembered while there is room."""
+        le = float(raw)
+        if type(raw) is str and len(self.bounds) < MAX_BOUNDS:
+            self.bounds[raw] = le
+        return le
 
     def _read_dcgm(self, key: str, rows: Iterable[Row], join: tuple[str, ...]) -> None:
         for row in rows:
@@ -286,10 +310,10 @@ def _histogram(name: str, m: _Model, problems: list[str], *, buckets: bool) -> H
         if total is None or count is None:
             return None
         return Histogram(bounds=(math.inf,), cumulative=(count,), count=count, sum=total)
-    rows = m.buckets.get(name)
-    if rows is None:
+    found = m.buckets.get(name)
+    if found is None:
         return None
-    rows.sort()
+    rows = sorted(zip(*found, strict=True))
     if not math.isinf(rows[-1][0]):
         problems.append(f"{name}: no +Inf bucket; left out")
         return None

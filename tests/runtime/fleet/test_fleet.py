@@ -827,6 +827,10 @@ class TestStatusPageHistory:
         rulebook = build_rulebook(settings)
         h = history(settings, rulebook)
         assert (h.step_seconds, h.capacity) == (60.0, 61)
+        # Every server keeps the settings' names: one copy of each between them.
+        other = history(settings, rulebook)
+        assert h.settings_values == other.settings_values != {}
+        assert all(a is b for a, b in zip(h.settings_values, other.settings_values, strict=True))
         # The sidecar keeps a point per evaluation whatever the fleet setting says.
         sidecar = load_settings(
             flags={"prometheus": {"url": "http://127.0.0.1:9", "history_step_seconds": 60}}

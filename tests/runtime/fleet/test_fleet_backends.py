@@ -18,6 +18,7 @@ tests/system/test_integration.py):
 from __future__ import annotations
 
 import json
+import math
 import ssl
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,7 +34,7 @@ from vllm_triage.fleet.backend import backend, detect
 from vllm_triage.fleet.completeness import REASONS, SeriesDrop
 from vllm_triage.fleet.pieces import matcher, owned, plan
 from vllm_triage.fleet.queries import QueryPlan
-from vllm_triage.fleet.signals import Fleet
+from vllm_triage.fleet.signals import MAX_BOUNDS, Fleet, totals
 from vllm_triage.fleet.source import PrometheusSource, shard_of, target_name
 
 from support.fake_query_api import (
@@ -219,6 +220,55 @@ class TestPieces:
         assert not fleet.servers["v/a"].split
         fleet.read("waiting_mean", [row], piece=3)
         assert fleet.servers["v/a"].split
+
+
+class TestBucketRows:
+    """A tick holds every server's bucket rows at once: each row's ``le`` is read once a
+    tick (one float every server shares), the rows kept as two lists a histogram."""
+
+    @staticmethod
+    def fleet() -> Fleet:
+        return Fleet(
+            identity=("job", "instance"), name_of=lambda m: target_name(m, ["job", "instance"])
+        )
+
+    @staticmethod
+    def rows(instance: str, buckets: list[tuple[Any, str]]) -> list[dict[str, Any]]:
+        """One row per (le, value); ``le`` None: a row without one."""
+        labels = {"job": "v", "instance": instance, "model_name": MODEL}
+        return [
+            {"metric": labels if le is None else {**labels, "le": le}, "value": [0, v]}
+            for le, v in buckets
+        ]
+
+    def test_bounds_in_any_order_make_the_histogram_and_are_shared(self) -> None:
+        fleet = self.fleet()
+        for instance in ("a", "b"):
+            # Prometheus answers in no particular order ("+Inf" sorts first as text).
+            buckets = [("+Inf", "9"), ("0.5", "4"), ("0.1", "1")]
+            fleet.read("ttft_bucket", self.rows(instance, buckets))
+            fleet.read("ttft_sum", self.rows(instance, [(None, "2.5")]))
+            fleet.read("ttft_count", self.rows(instance, [(None, "9")]))
+        a, b = (totals(fleet.servers[f"v/{i}"], MODEL, 0.0, 60.0).histograms["ttft"] for i in "ab")
+        assert a.bounds == (0.1, 0.5, math.inf) and a.cumulative == (1.0, 4.0, 9.0)
+        assert (a.count, a.sum) == (9.0, 2.5)
+        assert all(x is y for x, y in zip(a.bounds, b.bounds, strict=True))
+
+    def test_a_bucket_whose_le_is_not_a_number_is_left_out_and_said(self) -> None:
+        fleet = self.fleet()
+        rows = [("x", "1"), (["0.1"], "2"), (None, "4"), ("+Inf", "3")]
+        fleet.read("ttft_bucket", self.rows("a", rows))
+        server = fleet.servers["v/a"]
+        assert server.problems == ["ttft_bucket: a bucket without a numeric le; left out"] * 3
+        assert server.models[MODEL].buckets["ttft"] == ([math.inf], [3.0])
+        assert fleet.bounds == {"+Inf": math.inf}
+
+    def test_the_numbers_remembered_are_bounded(self) -> None:
+        fleet = self.fleet()
+        odd = [(f"{i}.5", "1") for i in range(MAX_BOUNDS + 50)]
+        fleet.read("ttft_bucket", self.rows("a", odd))
+        assert len(fleet.bounds) == MAX_BOUNDS
+        assert len(fleet.servers["v/a"].models[MODEL].buckets["ttft"][0]) == MAX_BOUNDS + 50
 
 
 class TestSeriesDrop:
