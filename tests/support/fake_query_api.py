@@ -42,6 +42,7 @@ from vllm_triage.config.load import load_settings
 from vllm_triage.config.schema import Settings
 from vllm_triage.core.model import KVPool, Signals, Snapshot, WindowTotals
 from vllm_triage.core.totals import Window
+from vllm_triage.fleet.queries import NAMES
 from vllm_triage.fleet.source import PrometheusSource
 from vllm_triage.simulator import get_scenario, record
 from vllm_triage.store import StateStore
@@ -188,6 +189,10 @@ class Fake:
     sizes: list[tuple[float, int]] = field(default_factory=list)
     keys: dict[str, str] = field(default_factory=dict)
     names_api: bool = True
+    #: A names call whose match names more names than this is refused (422), as
+    #: VictoriaMetrics refuses one that touches more series than its
+    #: ``-search.maxUniqueTimeseries``; one within it answers only the names it matches.
+    names_limit: int | None = None
     status: int = 200
     raw: bytes | None = None
     #: Per-engine rows answered for every server's model instead of the window's:
@@ -214,7 +219,11 @@ class Fake:
         if self.source is None:
             return
         plan = self.source.plan
-        for present in (None, self.names()):
+        # Every set of names the source may have learnt: none, the fleet's, and every
+        # naming of the engines it runs (a names call refused over too many series).
+        engines = {e.runtime.name for e in NAMES if e.name in self.names()}
+        every = frozenset(e.name for e in NAMES if e.runtime.name in engines)
+        for present in (None, self.names(), every):
             self.keys.update({q.promql: q.key for q in plan.queries(present)})
 
     def key_of(self, query: str) -> tuple[str, set[str] | None]:
@@ -305,15 +314,35 @@ class Fake:
             if not self.names_api:
                 return None
             bare = f'{SHARD_LABEL}=""' in match
-            return json.dumps({"status": "success", "data": sorted(self.names(bare))}).encode()
+            found = self.names(bare)
+            if self.names_limit is not None:
+                found = found & set(matched_names(match))
+            return json.dumps({"status": "success", "data": sorted(found)}).encode()
         if path.startswith(f"/api/v1/label/{SHARD_LABEL}/values"):
             values = sorted({str(b) for b in self.buckets.values()})
             return json.dumps({"status": "success", "data": values}).encode()
         return None
 
 
+def matched_names(match: str) -> list[str]:
+    """The names a names call's ``__name__=~"a|b"`` matcher names (regex escapes undone)."""
+    found = re.search(r'__name__=~"([^"]*)"', match)
+    return [re.sub(r"\\(.)", r"\1", n) for n in found.group(1).split("|")] if found else []
+
+
 def _refusal(fake: Fake, x: Exchange, form: dict[str, list[str]]) -> tuple[int, bytes] | None:
-    """What a backend says before answering: Mimir's missing tenant, a refused partial."""
+    """What a backend says before answering: Mimir's missing tenant, a refused partial,
+    a names call over too many series."""
+    names_call = x.request.path.startswith("/api/v1/label/__name__/")
+    asked = len(matched_names(form.get("match[]", [""])[0])) if names_call else 0
+    if fake.names_limit is not None and asked > fake.names_limit:
+        error = {
+            "status": "error",
+            "errorType": "422",
+            "error": "the number of matching timeseries exceeds 300000; "
+            "either narrow down the search or increase -search.maxUniqueTimeseries",
+        }
+        return 422, json.dumps(error).encode()
     if fake.kind == "mimir" and not x.request.header("X-Scope-OrgID"):
         return 401, b"no org id\n"
     if fake.store_down and form.get("partial_response") == ["false"]:

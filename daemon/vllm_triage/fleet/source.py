@@ -49,7 +49,15 @@ from vllm_triage.fleet.completeness import REASONS, SeriesDrop
 from vllm_triage.fleet.cycles import paused, settle
 from vllm_triage.fleet.hardware import Card, HardwareResolver
 from vllm_triage.fleet.pieces import PIECE_SERVERS, UNLABELLED, Piece, owned, plan, unlabelled
-from vllm_triage.fleet.queries import NAMES_REGEX, FleetQuery, QueryPlan, inner, names
+from vllm_triage.fleet.queries import (
+    NAMES,
+    NAMES_REGEX,
+    FleetQuery,
+    QueryPlan,
+    entries,
+    inner,
+    names,
+)
 from vllm_triage.fleet.signals import Fleet, Server, totals
 from vllm_triage.logs import Chorus, Throttle
 from vllm_triage.net.bounded import request
@@ -285,8 +293,32 @@ class PrometheusSource:
         try:
             reading = await self._label_values("__name__", matchers, at)
         except ScrapeError:
-            return None, None
+            return await self._engines_exposed(at, piece)
         return frozenset(reading.rows), reading.partial
+
+    async def _engines_exposed(
+        self, at: float, piece: str
+    ) -> tuple[frozenset[str] | None, str | None]:
+        """When the names call is refused (VictoriaMetrics refuses one that touches more
+        series than its ``-search.maxUniqueTimeseries``: every series of a large fleet),
+        which engines the fleet runs, from their running gauges alone (one series per
+        engine): every naming of those engines is asked for, and no other engine's.
+        Asking every engine's would make the longest query (the stall watch's) pass
+        VictoriaMetrics' bound on a query's length (``-search.maxQueryLen``, 16 KB)
+        once a piece's bucket matcher is long. ``None`` when this is refused too."""
+        running = {e.name: e.runtime.name for e in entries("running", "gauge", None)}
+        regex = "|".join(re.escape(n) for n in running)
+        matchers = ", ".join(
+            m for m in (f'__name__=~"{regex}"', inner(self.source.selector), piece) if m
+        )
+        try:
+            reading = await self._label_values("__name__", matchers, at)
+        except ScrapeError:
+            return None, None
+        engines = {running[n] for n in reading.rows if n in running}
+        if not engines:
+            return None, reading.partial
+        return frozenset(e.name for e in NAMES if e.runtime.name in engines), reading.partial
 
     async def _label_values(self, label: str, matchers: str, at: float) -> Reading:
         """One label values call over the window, restricted to ``matchers``."""
@@ -418,7 +450,7 @@ class PrometheusSource:
         # The buckets from one gauge every server exposes (one series per engine): a
         # match over every series of a large fleet passes VictoriaMetrics' bound on the
         # series one label values call may touch (-search.maxUniqueTimeseries).
-        running = "|".join(re.escape(n) for n in names("running", "gauge"))
+        running = "|".join(re.escape(n) for n in names("running", "gauge", None))
         sel = ", ".join(m for m in (f'__name__=~"{running}"', inner(self.source.selector)) if m)
         (present, partial), buckets, (bare, bare_partial) = await asyncio.gather(
             self.exposed(at),

@@ -31,7 +31,7 @@ from vllm_triage.core.diagnose import diagnose
 from vllm_triage.errors import ConfigError
 from vllm_triage.fleet.completeness import REASONS
 from vllm_triage.fleet.hardware import Card, HardwareResolver
-from vllm_triage.fleet.queries import QueryPlan, duration, names
+from vllm_triage.fleet.queries import NAMES, QueryPlan, duration, entries, names
 from vllm_triage.fleet.source import PrometheusSource, shard_of
 from vllm_triage.serve.status import live_document
 from vllm_triage.store import StateStore
@@ -518,6 +518,43 @@ class TestTicks:
             source = run_ticks(fleet_settings(url), warm(fake, [NOW]), fake=fake)
         assert source.present is None
         assert any(" or on " in q.promql for q in source.queries)
+        st = source.targets["vllm/a:8000"].state
+        assert st.view is not None
+        want = without_progress(window_at("queue_bound", NOW).signals(MODEL))
+        assert st.view.evaluation.signals[MODEL] == want
+
+    def test_a_names_call_over_too_many_series_asks_only_the_engines_running(self) -> None:
+        """VictoriaMetrics refuses the names call over every series of a large fleet; the
+        running gauges (one series per engine) still say which engines run, so only
+        their namings are asked for: the stall watch's query then stays within
+        VictoriaMetrics' bound on a query's length, and the judgement is the same."""
+        running = entries("running", "gauge", None)
+        fake = Fake()
+        fake.servers, fake.names_limit = {"a:8000": "queue_bound"}, len(running)
+        with query_api(fake) as url:
+            source = run_ticks(fleet_settings(url), warm(fake, [NOW]), fake=fake)
+        vllm = {e.name for e in NAMES if e.runtime.name == "vllm"}
+        assert source.present == vllm
+        asked = " ".join(q.promql for q in source.queries)
+        assert not any(e.name in asked for e in NAMES if e.runtime.name != "vllm")
+        every = QueryPlan(
+            selector="", identity=("job", "instance"), window_seconds=60, step_seconds=STEP
+        ).queries(None)
+        longest = max(len(q.promql) for q in source.queries)
+        assert longest < max(len(q.promql) for q in every) / 2
+        st = source.targets["vllm/a:8000"].state
+        assert st.view is not None
+        want = without_progress(window_at("queue_bound", NOW).signals(MODEL))
+        assert st.view.evaluation.signals[MODEL] == want
+
+    def test_a_names_call_refused_even_for_the_running_gauges_asks_every_naming(
+        self,
+    ) -> None:
+        fake = Fake()
+        fake.servers, fake.names_limit = {"a:8000": "queue_bound"}, 1
+        with query_api(fake) as url:
+            source = run_ticks(fleet_settings(url), warm(fake, [NOW]), fake=fake)
+        assert source.present is None
         st = source.targets["vllm/a:8000"].state
         assert st.view is not None
         want = without_progress(window_at("queue_bound", NOW).signals(MODEL))
