@@ -302,6 +302,29 @@ class TestBadInput:
         assert snap.models["m"].ttft is None
         assert any("decrease" in p for p in snap.problems)
 
+    @pytest.mark.parametrize(
+        ("count", "total"),
+        [("3", "-1"), ("3", "NaN"), ("3", "+Inf"), ("-3", "1")],
+        ids=["negative-sum", "nan-sum", "infinite-sum", "negative-count"],
+    )
+    def test_a_negative_or_non_numeric_sum_or_count_is_a_problem(
+        self, count: str, total: str
+    ) -> None:
+        """Durations and token counts are never negative: a histogram whose sum or count
+        says otherwise is left out and said (read as the sum since a restart, it gave a
+        negative mean), the rest of the scrape kept."""
+        text = (
+            'vllm:inter_token_latency_seconds_bucket{le="1",model_name="m"} 3\n'
+            'vllm:inter_token_latency_seconds_bucket{le="+Inf",model_name="m"} 3\n'
+            f'vllm:inter_token_latency_seconds_count{{model_name="m"}} {count}\n'
+            f'vllm:inter_token_latency_seconds_sum{{model_name="m"}} {total}\n'
+            'vllm:num_requests_running{model_name="m"} 2\n'
+        )
+        snap = parse_snapshot(text, at=0.0)
+        assert snap.models["m"].itl is None
+        assert snap.models["m"].running == 2.0
+        assert any("itl" in p and "left out" in p for p in snap.problems), snap.problems
+
     def test_label_escapes(self) -> None:
         """Escaped quotes and backslashes in label values are unescaped as the format says."""
         text = 'vllm:num_requests_running{model_name="a\\"b\\\\c"} 1\n'

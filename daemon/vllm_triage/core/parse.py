@@ -666,6 +666,11 @@ def _histogram(acc: _Acc, where: str, problems: list[str]) -> Histogram | None:
     if any(math.isnan(c) or c < 0 for c in cumulative) or math.isnan(acc.hcount):
         problems.append(f"{where}: NaN or negative bucket counts; left out")
         return None
+    if not (acc.hcount >= 0 and math.isfinite(acc.hsum) and acc.hsum >= 0):
+        # Every engine's histograms observe durations and token counts, never negative:
+        # such a sum taken as the count since a restart gave a negative mean.
+        problems.append(f"{where}: a negative count, or a sum not a number >= 0; left out")
+        return None
     if any(later < earlier for earlier, later in itertools.pairwise(cumulative)):
         problems.append(f"{where}: bucket counts decrease with le; left out")
         return None
