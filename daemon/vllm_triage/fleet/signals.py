@@ -306,6 +306,11 @@ def _finite(raw: Any) -> float | None:
 
 def _histogram(name: str, m: _Model, problems: list[str], *, buckets: bool) -> Histogram | None:
     total, count = m.values.get(f"{name}_sum"), m.values.get(f"{name}_count")
+    if (total is not None and total < 0) or (count is not None and count < 0):
+        # Durations and token counts only grow: a negative increase is a peer's series
+        # gone wrong (the parser refuses the same), never a mean below zero.
+        problems.append(f"{name}: a negative _sum or _count; left out")
+        return None
     if not buckets:
         if total is None or count is None:
             return None

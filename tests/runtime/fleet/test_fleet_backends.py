@@ -263,6 +263,18 @@ class TestBucketRows:
         assert server.models[MODEL].buckets["ttft"] == ([math.inf], [3.0])
         assert fleet.bounds == {"+Inf": math.inf}
 
+    @pytest.mark.parametrize(("total", "count"), [("-1", "9"), ("2.5", "-9")], ids=["sum", "count"])
+    def test_a_negative_sum_or_count_is_left_out_and_said(self, total: str, count: str) -> None:
+        """As the parser does: a histogram that says it observed below zero gives no
+        mean and no quantile, and the server says why."""
+        fleet = self.fleet()
+        fleet.read("itl_bucket", self.rows("a", [("0.1", "1"), ("+Inf", "9")]))
+        fleet.read("itl_sum", self.rows("a", [(None, total)]))
+        fleet.read("itl_count", self.rows("a", [(None, count)]))
+        server = fleet.servers["v/a"]
+        assert "itl" not in totals(server, MODEL, 0.0, 60.0).histograms
+        assert "itl: a negative _sum or _count; left out" in server.problems
+
     def test_the_numbers_remembered_are_bounded(self) -> None:
         fleet = self.fleet()
         odd = [(f"{i}.5", "1") for i in range(MAX_BOUNDS + 50)]
