@@ -29,6 +29,7 @@ import functools
 import json
 import math
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -193,6 +194,8 @@ class Fake:
     #: VictoriaMetrics refuses one that touches more series than its
     #: ``-search.maxUniqueTimeseries``; one within it answers only the names it matches.
     names_limit: int | None = None
+    #: Seconds a names call waits before its answer (a backend that hangs).
+    names_delay: float = 0.0
     status: int = 200
     raw: bytes | None = None
     #: Per-engine rows answered for every server's model instead of the window's:
@@ -374,6 +377,8 @@ def query_api(fake: Fake, **serving_options: Any) -> Iterator[str]:
                 doc = {"status": "success", "data": fake.build_info()}
                 x.reply(200, json.dumps(doc).encode(), content_type="application/json")
                 return
+            if fake.names_delay and url.path.startswith("/api/v1/label/__name__/"):
+                time.sleep(fake.names_delay)
             body = fake.label_values(url.path, query)
             x.reply(200 if body else 404, body or b"404 page not found")
             return

@@ -292,7 +292,9 @@ class PrometheusSource:
         )
         try:
             reading = await self._label_values("__name__", matchers, at)
-        except ScrapeError:
+        except ScrapeError as exc:
+            if exc.reason != "http_status":
+                return None, None  # no answer at all: asking again would only wait again
             return await self._engines_exposed(at, piece)
         return frozenset(reading.rows), reading.partial
 

@@ -560,6 +560,17 @@ class TestTicks:
         want = without_progress(window_at("queue_bound", NOW).signals(MODEL))
         assert st.view.evaluation.signals[MODEL] == want
 
+    def test_a_names_call_that_gets_no_answer_is_not_asked_again(self) -> None:
+        """Only a refusal (an HTTP status) is followed by the narrower names call: one
+        that timed out would only wait out its timeout a second time in the same tick."""
+        fake = Fake()
+        fake.servers, fake.names_delay = {"a:8000": "queue_bound"}, 3.0
+        with query_api(fake) as url:
+            source = run_ticks(fleet_settings(url, timeout_seconds=1), [NOW])
+        names_calls = [f for f in fake.seen if "/api/v1/label/__name__/" in f.get("names", "")]
+        assert len(names_calls) == 1, names_calls
+        assert source.present is None
+
     def test_a_dead_query_api_is_a_counted_failure(self) -> None:
         with query_api(Fake()) as url:
             pass  # closed again: connections are refused
