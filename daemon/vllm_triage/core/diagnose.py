@@ -116,19 +116,31 @@ def diagnose(s: Signals, rules: Rulebook, *, keep: Cause | None = None) -> Diagn
     what its metrics cannot tell about the cause named is in the evidence
     (``runtime_limits``).
     """
-    d = _judge(s, rules, keep=keep)
+    return judged(s, rules, keep=keep)[0]
+
+
+def judged(
+    s: Signals, rules: Rulebook, *, keep: Cause | None = None, facts: Facts | None = None
+) -> tuple[Diagnosis, Facts | None]:
+    """``diagnose``, and the window's facts it read (None for a stalled engine's, which
+    reads none): an evaluation's measurements and a second judgement of the same window
+    take them instead of reading them again (``facts_of`` is a tenth of a fleet's
+    judging). ``facts``: this window's, read already."""
+    d, f = _judge(s, rules, keep=keep, facts=facts)
     limits = s.runtime.limits_for(d.cause) if d.cause is not None else ()
     if limits:
         d = replace(d, evidence={**d.evidence, "runtime_limits": limits})
-    return replace(d, runtime=s.runtime.name) if s.runtime.name != d.runtime else d
+    return (replace(d, runtime=s.runtime.name) if s.runtime.name != d.runtime else d), f
 
 
-def _judge(s: Signals, rules: Rulebook, *, keep: Cause | None) -> Diagnosis:
+def _judge(
+    s: Signals, rules: Rulebook, *, keep: Cause | None, facts: Facts | None
+) -> tuple[Diagnosis, Facts | None]:
     judged = s.runtime.judges
     stalled = stall_diagnosis(s, rules) if "stalled" in judged else None
     if stalled is not None:
-        return stalled
-    f = facts_of(s, rules)
+        return stalled, None
+    f = facts if facts is not None else facts_of(s, rules)
     breaches = breaches_of(f)
     if not breaches:
         # The roofline is worth watching while healthy too (how close to the hardware).
@@ -153,7 +165,7 @@ def _judge(s: Signals, rules: Rulebook, *, keep: Cause | None) -> Diagnosis:
             summary=summary,
             evidence=steady,
             inconclusive=thin,
-        )
+        ), f
     th = rules.thresholds
     causes: list[Cause] = [c for c in SYMPTOM_CAUSES if c in judged]
     checks = {cause: checks_of(cause, f, th) for cause in causes}
@@ -164,7 +176,7 @@ def _judge(s: Signals, rules: Rulebook, *, keep: Cause | None) -> Diagnosis:
         fallback: Cause = "decode_bound" if f.itl_breach else "queue_bound"
         candidates = [fallback] if fallback in judged else []
     if not candidates:
-        return _unjudged(s, breaches)
+        return _unjudged(s, breaches), f
     present: list[Cause] = [
         c for c in causes if c in candidates or is_present(c, f, checks[c], rules)
     ]
@@ -220,4 +232,4 @@ def _judge(s: Signals, rules: Rulebook, *, keep: Cause | None) -> Diagnosis:
         contributing=contributing,
         present=tuple(present),
         remediation_effects=effects,
-    )
+    ), f

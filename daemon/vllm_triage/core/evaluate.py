@@ -31,8 +31,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from vllm_triage.core.diagnose import diagnose
-from vllm_triage.core.facts import measurements
+from vllm_triage.core.diagnose import judged
+from vllm_triage.core.facts import Facts, measurements
 from vllm_triage.core.incidents import IncidentTracker, State, TrackRecord
 from vllm_triage.core.model import Cause, Diagnosis, Signals, Snapshot, Transition
 from vllm_triage.core.rulebook import Rulebook
@@ -180,11 +180,13 @@ class Evaluator:
     def _rules(self, model: str) -> Rulebook:
         return self.rulebook if self.rulebook_for is None else self.rulebook_for(model)
 
-    def _diagnose(self, s: Signals, rules: Rulebook, *, keep: Cause | None = None) -> Diagnosis:
-        d = diagnose(s, rules, keep=keep)
+    def _diagnose(
+        self, s: Signals, rules: Rulebook, *, keep: Cause | None = None, facts: Facts | None = None
+    ) -> tuple[Diagnosis, Facts | None]:
+        d, facts = judged(s, rules, keep=keep, facts=facts)
         if rules.provenance:
             d = dataclasses.replace(d, evidence=dict(d.evidence) | dict(rules.provenance))
-        return d
+        return d, facts
 
     def _thin(self, model: str, d: Diagnosis) -> bool:
         """Whether ``d`` is a clear evaluation too thin to count against an open incident
@@ -219,7 +221,7 @@ class Evaluator:
         transitions: list[Transition] = []
         for model in sorted(signals):
             rules = rulebooks.get(model) or self._rules(model)
-            d = self._diagnose(signals[model], rules)
+            d, facts = self._diagnose(signals[model], rules)
             # Two reasons to keep a verdict from the tracker: the diagnosis itself has
             # none (a frozen engine, not yet stalled), or it is a clear evaluation too
             # early after a restore to count towards resolving.
@@ -230,10 +232,10 @@ class Evaluator:
             # open incident's cause while it is still present, the leader contributing.
             kept = self.incidents.open_cause(model)
             if kept is not None and d.cause not in (None, kept) and kept in d.present:
-                d = self._diagnose(signals[model], rules, keep=kept)
+                d, facts = self._diagnose(signals[model], rules, keep=kept, facts=facts)
             d = self._steady_confidence(model, d)
             diagnoses[model] = d
-            measured[model] = measurements(signals[model], d, rules)
+            measured[model] = measurements(signals[model], d, rules, facts=facts)
             transitions.extend(dataclasses.replace(t, diagnosis=d) for t in moved)
         self.incidents.forget_clear(set(diagnoses))
         for model in set(self._confidence) - set(diagnoses):

@@ -228,30 +228,43 @@ def finite_number(value: object) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def measurements(s: Signals, d: Diagnosis, rules: Rulebook) -> dict[str, float]:
+def measurements(
+    s: Signals, d: Diagnosis, rules: Rulebook, *, facts: Facts | None = None
+) -> dict[str, float]:
     """Every finite number one evaluation gives, named as the evidence names them: what
     the report and the status page chart (``Evaluation.measurements``).
 
     A breached diagnosis's evidence holds them all already; a healthy one's holds almost
     none (the roofline at most), so while healthy the evidence is computed here as if it
     had breached. TTFT p50 and p90 and the most requests running are charted though no
-    diagnosis names them. Absent where unknown, never a made-up 0.
+    diagnosis names them. Absent where unknown, never a made-up 0. ``facts``: the
+    window's, when the diagnosis read them already (``diagnose.judged``).
     """
     values: dict[str, object] = {
         "ttft_p50_seconds": quantile_value(s.ttft_p50),
         "ttft_p90_seconds": quantile_value(s.ttft_p90),
         "requests_running_max": s.running_max,
     }
-    values.update(d.evidence if d.breached else evidence_of(s, facts_of(s, rules), rules))
+    if d.breached:
+        values.update(d.evidence)
+    else:
+        values.update(evidence_of(s, facts if facts is not None else facts_of(s, rules), rules))
     if "load_ratio" not in values:
         # The load ratio is charted (and exported) while healthy too: a server creeping
         # towards rho = 1 shows before its queue does.
         values.update(predict.queue_evidence(predict.queue_state(s)))
+    # ``finite_number`` written out for the two kinds evidence holds most (a fleet's
+    # judging reads some fifty values a server and tick), the rest left to it.
     out: dict[str, float] = {}
+    isfinite = math.isfinite
     for key, value in values.items():
-        number = finite_number(value)
-        if number is not None:
-            out[key] = number
+        if type(value) is float:
+            if isfinite(value):
+                out[key] = value
+        elif type(value) is not str:
+            number = finite_number(value)
+            if number is not None:
+                out[key] = number
     return out
 
 

@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic_core import from_json
+
 from vllm_triage.errors import ScrapeError
 from vllm_triage.net.redact import quoted
 
@@ -34,9 +36,22 @@ class Reading:
     notes: tuple[str, ...] = ()
 
 
+def _parsed(body: bytes) -> Any:
+    """The answer's JSON. pydantic's parser (already a dependency) reads a fleet's answers
+    in two thirds of the time of the standard library's, and keeps one copy of each
+    repeated string (the label names and values every row repeats) while the answer is
+    read. What it refuses the standard library reads as it always has: a lone surrogate
+    escaped in a label value, nesting past its depth limit, a UTF-16 body; so an odd
+    byte in one server's label is never a tick lost for the fleet."""
+    try:
+        return from_json(body, cache_strings="all")
+    except ValueError:
+        return json.loads(body)
+
+
 def _document(body: bytes, what: str) -> dict[str, Any]:
     try:
-        doc = json.loads(body)
+        doc = _parsed(body)
         if not isinstance(doc, dict):
             raise ValueError("not a JSON object")
         if doc.get("status") != "success":

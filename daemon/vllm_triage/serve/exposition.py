@@ -148,7 +148,12 @@ def _rows(metric: _Compact, out: list[str]) -> None:
         values = [labels[i] for i in order]
         if _SPECIAL.search("".join(values)):
             values = [_escaped(x) for x in values]
-        values.append(number(v))
+        # ``number`` written out for the common value (finite, its point among the first
+        # seven characters), which it returns as Python writes it: half a million a scrape.
+        text = repr(float(v))
+        if not -1 < text.find(".") <= 6:
+            text = number(v)
+        values.append(text)
         out.append(template % tuple(values))
 
 

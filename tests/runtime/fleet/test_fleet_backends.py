@@ -25,6 +25,8 @@ from typing import Any, ClassVar
 
 import pytest
 import trustme
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from vllm_triage.config.load import load_settings
@@ -100,6 +102,48 @@ class TestAnswers:
     def test_warnings_of_another_shape_are_partial(self) -> None:
         assert query_answer("k", self.body(warnings={"a": 1})).partial is not None
         assert query_answer("k", self.body(warnings=[7])).partial is not None
+
+    @pytest.mark.parametrize(
+        "body",
+        [
+            # A lone surrogate escaped in one label value: pydantic's parser refuses it,
+            # the standard library reads it, so the other rows are judged as before.
+            b'{"status": "success", "data": {"resultType": "vector", "result": '
+            b'[{"metric": {"pod": "\\ud800"}, "value": [1, "2"]}, '
+            b'{"metric": {"pod": "a"}, "value": [1, "3"]}]}}',
+            # Nesting past pydantic's depth limit, within the standard library's.
+            b'{"status": "success", "data": {"resultType": "vector", "result": '
+            b'[{"metric": {"pod": "a"}, "value": [1, "3"], "x": '
+            + b"[" * 300
+            + b"]" * 300
+            + b"}]}}",
+            # UTF-16, which the standard library detects.
+            json.dumps(
+                {"status": "success", "data": {"resultType": "vector", "result": []}}
+            ).encode("utf-16"),
+        ],
+        ids=["lone-surrogate-label", "deep-nesting", "utf-16"],
+    )
+    def test_what_the_fast_parser_refuses_is_read_as_before(self, body: bytes) -> None:
+        assert query_answer("k", body).rows == json.loads(body)["data"]["result"]
+
+    @given(
+        st.recursive(
+            st.none() | st.booleans() | st.floats() | st.integers() | st.text(),
+            lambda inner: (
+                st.lists(inner, max_size=4)
+                | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+            ),
+            max_leaves=30,
+        )
+    )
+    @settings(max_examples=200, deadline=None)
+    def test_the_fast_parser_reads_what_the_standard_library_reads(self, rows: Any) -> None:
+        doc = {"status": "success", "data": {"resultType": "vector", "result": [rows]}}
+        body = json.dumps(doc).encode()
+        got = query_answer("k", body).rows
+        # NaN is not equal to itself: compare as the standard library writes them.
+        assert json.dumps(got) == json.dumps(json.loads(body)["data"]["result"])
 
     def test_label_values_keep_strings_and_say_partial(self) -> None:
         doc = {"status": "success", "data": ["a", 3, "b"], "warnings": [STORE_WARNING]}
