@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import Counter, deque
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from vllm_triage.core.evaluate import Evaluation
@@ -118,7 +119,12 @@ class History:
     ) -> None:
         self.keys = tuple(keys)
         #: The target's settings in force (SLOs, thresholds, ceiling), drawn as lines.
-        self.settings_values = dict(settings_values or {})
+        #: Read-only where the assembly shares one copy between targets (``SharedParts``).
+        self.settings_values: Mapping[str, float] = (
+            settings_values
+            if isinstance(settings_values, MappingProxyType)
+            else dict(settings_values or {})
+        )
         self.capacity = capacity
         self.keep_seconds = keep_seconds
         self.step_seconds = step_seconds
@@ -221,6 +227,34 @@ class RecordingStats:
     failures: Counter[str] = field(default_factory=Counter)
 
 
+class Recent:
+    """The last ``RECENT_TRANSITIONS`` transitions, oldest first. A tuple swapped whole on
+    each append (an incident's transitions: rare), so a target without any holds no
+    buffer (a bounded deque's is some 600 bytes: 6 MB at 10,000 servers), and a reader in
+    another thread (the API, the status page) always sees a whole one."""
+
+    __slots__ = ("_items", "maxlen")
+
+    def __init__(self, items: Iterable[Transition] = (), maxlen: int = RECENT_TRANSITIONS) -> None:
+        self.maxlen = maxlen
+        self._items: tuple[Transition, ...] = tuple(items)[-maxlen:]
+
+    def append(self, transition: Transition) -> None:
+        self._items = (*self._items, transition)[-self.maxlen :]
+
+    def extend(self, transitions: Iterable[Transition]) -> None:
+        self._items = (*self._items, *transitions)[-self.maxlen :]
+
+    def clear(self) -> None:
+        self._items = ()
+
+    def __iter__(self) -> Iterator[Transition]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 @dataclass(slots=True)
 class TargetState:
     name: str
@@ -252,7 +286,7 @@ class TargetState:
     servers_left_out: int | None = None
     cannot_tell: dict[str, int] | None = None
     partial_answers: int = 0
-    recent: deque[Transition] = field(default_factory=lambda: deque(maxlen=RECENT_TRANSITIONS))
+    recent: Recent = field(default_factory=Recent)
     #: The active probe's counts, when the target has one.
     probe: ProbeStats | None = None
     #: The last hour of evaluations, for the status page (bounded: ``History``).

@@ -85,7 +85,10 @@ class Evaluator:
         #: A served model's own rulebook (the assembly's: the bundled model table where
         #: the settings leave the model's facts to it), else ``rulebook``. Pure, cached.
         self.rulebook_for = rulebook_for
-        self.window = Window(window_seconds, min_observations=rulebook.thresholds.min_observations)
+        #: The scrapes' window, made at the first (``window``): fleet mode's targets are
+        #: judged from signals windowed elsewhere, and never hold one.
+        self._window: Window | None = None
+        self._min_observations = rulebook.thresholds.min_observations
         self.incidents = IncidentTracker(
             open_after=open_after,
             resolve_after=resolve_after,
@@ -110,6 +113,13 @@ class Evaluator:
         self._warm_from = None
 
     @property
+    def window(self) -> Window:
+        """The window the scrapes are read in (``step``)."""
+        if self._window is None:
+            self._window = Window(self.window_seconds, min_observations=self._min_observations)
+        return self._window
+
+    @property
     def last_at(self) -> float | None:
         """The time of the last evaluation accepted (None before the first)."""
         return self._last_at
@@ -120,7 +130,7 @@ class Evaluator:
         every new one would be refused as out of order until the clock caught up with
         them. Open incidents carry on as after a restore (the module's note): a young
         window's clear evaluations do not resolve them for one window."""
-        self.window = Window(self.window_seconds, min_observations=self.window.min_observations)
+        self._window = None  # made again, empty, at the next scrape
         self._last_at = None
         self._warming = {a.model_name for a in self.incidents.active()}
         self._warm_from = None
@@ -152,9 +162,7 @@ class Evaluator:
                 f"the target's engine changed from {newest.runtime.shown} to "
                 f"{snapshot.runtime.shown}: its window starts again",
             )
-            self.window = Window(
-                self.window_seconds, min_observations=self.rulebook.thresholds.min_observations
-            )
+            self._window = None  # made again, empty, below
         if not self.window.push(snapshot):
             return Evaluation(at=snapshot.at, accepted=False, problems=problems)
         self._last_at = snapshot.at

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import reprlib
+from array import array
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,9 +67,11 @@ class _Model:
     """What the answers said about one model of one server."""
 
     values: dict[str, float] = field(default_factory=dict)
-    #: Per histogram: its bucket rows' bounds and counts, in the order read (two lists,
-    #: not a tuple a row: a tick holds every server's buckets at once).
-    buckets: dict[str, tuple[list[float], list[float]]] = field(default_factory=dict)
+    #: Per histogram: its bucket rows' bounds and counts, in the order read: the bounds
+    #: a list of the floats every server shares (``Fleet.bounds``), the counts an array
+    #: of doubles, not a float object each (a tick holds every server's buckets at once:
+    #: some 600,000 counts at 10,000 servers).
+    buckets: dict[str, tuple[list[float], array[float]]] = field(default_factory=dict)
     engines: int = 0
     #: Per ``engine`` label: its progress rows (``engine_changes``, ``engine_outstanding``,
     #: ``engine_awake``) and its balance (``engine_waiting_mean``,
@@ -225,7 +228,7 @@ class Fleet:
                     continue
                 found = model.buckets.get(bucket)
                 if found is None:
-                    found = model.buckets[bucket] = ([], [])
+                    found = model.buckets[bucket] = ([], array("d"))
                 found[0].append(le)
                 found[1].append(value)
             elif engine_key:

@@ -268,7 +268,8 @@ class TestPieces:
 
 class TestBucketRows:
     """A tick holds every server's bucket rows at once: each row's ``le`` is read once a
-    tick (one float every server shares), the rows kept as two lists a histogram."""
+    tick (one float every server shares), the rows kept as a list of bounds and an array of
+    counts a histogram."""
 
     @staticmethod
     def fleet() -> Fleet:
@@ -304,7 +305,8 @@ class TestBucketRows:
         fleet.read("ttft_bucket", self.rows("a", rows))
         server = fleet.servers["v/a"]
         assert server.problems == ["ttft_bucket: a bucket without a numeric le; left out"] * 3
-        assert server.models[MODEL].buckets["ttft"] == ([math.inf], [3.0])
+        bounds, counts = server.models[MODEL].buckets["ttft"]
+        assert bounds == [math.inf] and list(counts) == [3.0]
         assert fleet.bounds == {"+Inf": math.inf}
 
     @pytest.mark.parametrize(("total", "count"), [("-1", "9"), ("2.5", "-9")], ids=["sum", "count"])
