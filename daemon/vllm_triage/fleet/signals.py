@@ -21,6 +21,7 @@ import reprlib
 from array import array
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from vllm_triage.core.engines import balance_means
@@ -136,6 +137,10 @@ class Fleet:
     #: ``MAX_BOUNDS`` of them (past that, a peer's odd bounds are read each time).
     bounds: dict[str, float] = field(default_factory=dict, repr=False)
 
+    def _identity_of(self, labels: Any) -> tuple[str | None, ...]:
+        """A row's identity label values, None for a missing one."""
+        return tuple(map(labels.get, self.identity))
+
     def _new_server(self, labels: Any, ident: tuple[str | None, ...], piece: int) -> Server | None:
         """The server a row's labels name, when its identity has not been met yet this
         tick; None when they are not a label set of strings (checked once per server and
@@ -171,7 +176,10 @@ class Fleet:
         engine_key = key.startswith("engine_")
         # Rows whose every label is kept (the pool's settings, the rules' labels).
         kept = key in ("pool", "engines")
-        bounds, identity, by_ident = self.bounds, self.identity, self.by_ident
+        bounds, by_ident = self.bounds, self.by_ident
+        # The identity's values as one C call while every row has all of them (the
+        # common fleet), ``_identity_of`` from the first row that misses one.
+        pick = itemgetter(*self.identity) if len(self.identity) > 1 else self._identity_of
         isfinite = math.isfinite
         count = 0
         for row in rows:
@@ -181,7 +189,11 @@ class Fleet:
             except (TypeError, KeyError, IndexError):
                 metric = raw = None
             try:
-                ident = tuple(map(metric.get, identity))  # None for a missing label
+                try:
+                    ident = pick(metric)
+                except KeyError:  # an identity label missing: None in its place
+                    pick = self._identity_of
+                    ident = pick(metric)
                 server = by_ident.get(ident)
             except (AttributeError, TypeError):  # not a dict, or a label value unhashable
                 self.unusable += 1

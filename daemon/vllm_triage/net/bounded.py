@@ -160,6 +160,14 @@ def transport_error(
             f"if that port serves TLS, use {https}",
             reason=reason,
         )
+    if not answered and shown.startswith("https://") and _closed(exc):
+        # TLS 1.3 refuses a client certificate after the handshake: the server's alert
+        # races the request, and a busy host often sees only the closed socket.
+        return ScrapeError(
+            f"{type(exc).__name__}: the connection was closed without an answer ({shown}); "
+            "a TLS server that wants a client certificate it trusts closes it so",
+            reason=reason,
+        )
     text = scrub_url((_os_error(exc) or str(exc))[:300], url).replace(url, shown)
     return ScrapeError(f"{type(exc).__name__}: {text} ({shown})", reason=reason)
 
@@ -197,6 +205,14 @@ def _reset(exc: httpx.HTTPError) -> bool:
     if isinstance(exc, httpx.ReadError):
         return _os_error(exc) == os.strerror(errno.ECONNRESET) or not str(exc)
     return False
+
+
+def _closed(exc: httpx.HTTPError) -> bool:
+    """The peer closed the connection: reset, or a broken pipe as the request was sent."""
+    return _reset(exc) or (
+        isinstance(exc, httpx.ReadError | httpx.WriteError)
+        and _os_error(exc) == os.strerror(errno.EPIPE)
+    )
 
 
 def _os_error(exc: BaseException) -> str | None:

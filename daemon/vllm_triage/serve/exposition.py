@@ -21,6 +21,8 @@ import math
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -144,9 +146,14 @@ def _rows(metric: _Compact, out: list[str]) -> None:
         return
     pairs = ",".join(f'{names[i]}="%s"' for i in order)
     template = f"{shown}{{{pairs}}} %s\n"
-    for labels, v in metric._rows:
-        values = [labels[i] for i in order]
-        if _SPECIAL.search("".join(values)):
+    rows = metric._rows
+    # One search over every label value of the family, not one a row: a value that needs
+    # escaping is rare (a peer's label), and only then is each row looked at.
+    special = _SPECIAL.search("".join(chain.from_iterable(map(itemgetter(0), rows))))
+    sorted_already = order == list(range(len(names)))
+    for labels, v in rows:
+        values = list(labels) if sorted_already else [labels[i] for i in order]
+        if special is not None and _SPECIAL.search("".join(values)):
             values = [_escaped(x) for x in values]
         # ``number`` written out for the common value (finite, its point among the first
         # seven characters), which it returns as Python writes it: half a million a scrape.

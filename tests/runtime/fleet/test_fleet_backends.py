@@ -266,6 +266,33 @@ class TestPieces:
         assert fleet.servers["v/a"].split
 
 
+def test_rows_missing_an_identity_label_are_read_as_their_own_server() -> None:
+    """The row loop reads a row's identity in one call while every row has all of its
+    labels; a row that misses one (a job label dropped by a relabel rule) is its own
+    server, with None in the missing label's place, before and after it."""
+    fleet = Fleet(
+        identity=("job", "instance"), name_of=lambda m: target_name(m, ["job", "instance"])
+    )
+    rows = [
+        {"metric": {"job": "v", "instance": "a", "model_name": MODEL}, "value": [0, "1"]},
+        {"metric": {"instance": "b", "model_name": MODEL}, "value": [0, "2"]},
+        {"metric": {"job": "v", "instance": "c", "model_name": MODEL}, "value": [0, "3"]},
+        {"metric": {"job": "v", "instance": "b", "model_name": MODEL}, "value": [0, "4"]},
+    ]
+    fleet.read("running_mean", rows)
+    one_by_one = Fleet(
+        identity=("job", "instance"), name_of=lambda m: target_name(m, ["job", "instance"])
+    )
+    for row in rows:
+        one_by_one.read("running_mean", [row])
+    assert set(fleet.by_ident) == {("v", "a"), (None, "b"), ("v", "c"), ("v", "b")}
+    seen = {n: s.models[MODEL].values["running_mean"] for n, s in fleet.servers.items()}
+    assert seen == {
+        n: s.models[MODEL].values["running_mean"] for n, s in one_by_one.servers.items()
+    }
+    assert fleet.rows == 4 and fleet.unusable == 0
+
+
 class TestBucketRows:
     """A tick holds every server's bucket rows at once: each row's ``le`` is read once a
     tick (one float every server shares), the rows kept as a list of bounds and an array of

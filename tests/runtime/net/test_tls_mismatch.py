@@ -7,12 +7,15 @@ URLs said never hold the target's secrets."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 from pathlib import Path
 
 import httpx
 import pytest
 
 from vllm_triage.errors import ScrapeError
+from vllm_triage.net.bounded import transport_error
 from vllm_triage.net.fetch import fetch_async
 
 from support.clirun import vllm_triage
@@ -73,3 +76,28 @@ def test_check_says_it_too(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "answered plain HTTP to an https:// URL" in result.stderr + result.stdout
     assert f"use http://127.0.0.1:{srv.port}/metrics" in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("exc", "answered", "hinted"),
+    [
+        (httpx.ReadError("Broken pipe"), False, True),
+        (httpx.WriteError("Broken pipe"), False, True),
+        (httpx.ReadError(""), False, True),  # a reset, as the async transport says it
+        (httpx.ReadError("Broken pipe"), True, False),  # an answer had begun
+        (httpx.ReadError("certificate unknown"), False, False),
+    ],
+    ids=["read-epipe", "write-epipe", "reset", "after-an-answer", "another-error"],
+)
+def test_https_closed_before_an_answer_names_the_client_certificate(
+    exc: httpx.HTTPError, answered: bool, hinted: bool
+) -> None:
+    """TLS 1.3 refuses a client certificate after the handshake: on a busy host the client
+    often sees a broken pipe or a reset before the server's alert, so a connection closed
+    before any answer says what the alert would have."""
+    if "Broken pipe" in str(exc):
+        exc.__cause__ = OSError(errno.EPIPE, os.strerror(errno.EPIPE))
+    url = "https://127.0.0.1:9/api/v1/query"
+    said = str(transport_error(exc, url, 5.0, url, answered=answered))
+    assert ("wants a client certificate" in said) is hinted
+    assert url in said
