@@ -20,6 +20,7 @@ number. Pure: the same signals and rulebook give the same effects.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -290,7 +291,10 @@ CHANGES: tuple[_Match, ...] = (
 NOT_A_CHANGE = "a check or a procedure, not a setting: nothing to predict"
 
 
+@functools.lru_cache(maxsize=512)
 def _label(text: str) -> _Match | None:
+    """The change a fix's text names, if any. Remembered: fixes are the rulebook's few
+    texts, matched against every pattern for each breached server and tick (a fleet's)."""
     for m in CHANGES:
         if m.pattern.search(text):
             return m

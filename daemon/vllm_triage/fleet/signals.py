@@ -334,8 +334,17 @@ def _finite(raw: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _histogram(name: str, m: _Model, problems: list[str], *, buckets: bool) -> Histogram | None:
-    total, count = m.values.get(f"{name}_sum"), m.values.get(f"{name}_count")
+#: Each histogram's name, the keys of its sum and count, and whether its buckets are asked.
+_HISTOGRAMS = tuple(
+    (name, f"{name}_sum", f"{name}_count", name in BUCKET_FIELDS) for name in HISTOGRAM_FIELDS
+)
+
+
+def _histogram(
+    name: str, m: _Model, problems: list[str], *, buckets: bool, keys: tuple[str, str]
+) -> Histogram | None:
+    """One histogram's window (``keys``: its sum's and count's, ``_HISTOGRAMS``)."""
+    total, count = m.values.get(keys[0]), m.values.get(keys[1])
     if (total is not None and total < 0) or (count is not None and count < 0):
         # Durations and token counts only grow: a negative increase is a peer's series
         # gone wrong (the parser refuses the same), never a mean below zero.
@@ -381,8 +390,8 @@ def totals(
     runtime = spec.runtime if spec is not None else REFERENCE
     snapshots = int(v.get("snapshots", 0))
     hists: dict[str, Histogram] = {}
-    for name in HISTOGRAM_FIELDS:
-        h = _histogram(name, m, server.problems, buckets=name in BUCKET_FIELDS)
+    for name, sum_key, count_key, buckets in _HISTOGRAMS:
+        h = _histogram(name, m, server.problems, buckets=buckets, keys=(sum_key, count_key))
         if h is not None:
             hists[name] = h
     return WindowTotals(

@@ -152,16 +152,18 @@ def _rows(metric: _Compact, out: list[str]) -> None:
     special = _SPECIAL.search("".join(chain.from_iterable(map(itemgetter(0), rows))))
     sorted_already = order == list(range(len(names)))
     for labels, v in rows:
-        values = list(labels) if sorted_already else [labels[i] for i in order]
-        if special is not None and _SPECIAL.search("".join(values)):
-            values = [_escaped(x) for x in values]
         # ``number`` written out for the common value (finite, its point among the first
         # seven characters), which it returns as Python writes it: half a million a scrape.
         text = repr(float(v))
         if not -1 < text.find(".") <= 6:
             text = number(v)
-        values.append(text)
-        out.append(template % tuple(values))
+        if special is None and sorted_already:
+            out.append(template % (*labels, text))
+            continue
+        values = list(labels) if sorted_already else [labels[i] for i in order]
+        if special is not None and _SPECIAL.search("".join(values)):
+            values = [_escaped(x) for x in values]
+        out.append(template % (*values, text))
 
 
 def _samples(metric: Metric, out: list[str]) -> None:
