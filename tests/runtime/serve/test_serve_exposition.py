@@ -26,7 +26,14 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from vllm_triage.serve.exposition import Counter, Gauge, metrics_app, number, render
+from vllm_triage.serve.exposition import (
+    CHUNK_LINES,
+    Counter,
+    Gauge,
+    metrics_app,
+    number,
+    render,
+)
 
 from support import golden_metrics
 
@@ -101,6 +108,21 @@ def test_compact_families_are_the_same_families(families: list[Metric]) -> None:
         assert twin.samples == family.samples
         compact.append(twin)
     assert ours(Families(compact)) == theirs(Families(families))
+
+
+@pytest.mark.parametrize("rows", [0, CHUNK_LINES - 1, CHUNK_LINES, 2 * CHUNK_LINES + 7])
+def test_families_longer_than_a_chunk_are_written_alike(rows: int) -> None:
+    """A family is written a chunk of lines at a time: the same bytes at and across the
+    chunks' edges, a value to escape in the last chunk, label names out of order."""
+    for unlabelled in (False, True):
+        labels = [] if unlabelled else ["zone", "model"]
+        theirs_family = GaugeMetricFamily("wide", "many rows", labels=labels)
+        ours_family = Gauge("wide", "many rows", labels=labels)
+        for i in range(rows):
+            values = [] if unlabelled else [f"z{i}", 'm"q' if i == rows - 1 else "m"]
+            theirs_family.add_metric(values, i * 0.5)
+            ours_family.add_metric(values, i * 0.5)
+        assert ours(Families([ours_family])) == theirs(Families([theirs_family]))
 
 
 @given(NUMBERS)
