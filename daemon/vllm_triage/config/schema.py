@@ -477,7 +477,7 @@ class PrometheusSourceSettings(HttpAuth):
     servers: list[ServerRule] = Field(default_factory=list)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
     #: Servers judged at most per replica; the rest are counted and logged once. About
-    #: 37 KB of memory and 1 ms of CPU a tick each (docs/benchmarks.md): 2,000 fit the
+    #: 30 KB of memory and 0.65 ms of CPU a tick each (docs/benchmarks.md): 2,000 fit the
     #: StatefulSet's 256 MiB; raise both together.
     max_servers: int = Field(default=2000, ge=1)
     #: Each server's status-page hour keeps one point per this many seconds (the last

@@ -182,6 +182,8 @@ class Fleet:
         pick = itemgetter(*self.identity) if len(self.identity) > 1 else self._identity_of
         isfinite = math.isfinite
         count = 0
+        metric: Any  # a peer's labels and value: anything at all until checked
+        raw: Any
         for row in rows:
             count += 1
             try:
