@@ -203,12 +203,13 @@ class PrometheusSource:
         self._odd_buckets = Throttle()
         self.api.state.cannot_tell = dict.fromkeys(REASONS, 0)
         # Restored incidents of servers now another replica's: let go at start when
-        # ownership is the name's hash; with server-side sharding a server's bucket is
-        # known only from its series, so after the first whole tick.
-        self._released = src.shard.count == 1
-        if src.shard.buckets == 0:
+        # ownership is the name's hash. With server-side sharding a server's bucket is
+        # known only from its series, and a server gone while the daemon was down (one
+        # replica or several) is known only from its absence: both after the first whole
+        # tick.
+        self._released = False
+        if src.shard.buckets == 0 and src.shard.count > 1:
             self._release(lambda name: not self.owns(name))
-            self._released = True
 
     def _plan(self) -> QueryPlan:
         src, dcgm = self.source, self.source.dcgm
@@ -242,10 +243,11 @@ class PrometheusSource:
 
     def _release(self, foreign_if: Callable[[str], bool]) -> None:
         """Restored incidents of servers that are now another shard's (the replica count
-        changed): that replica diagnoses them now, so this one resolves its alerts for
-        them and forgets them, as for a target no longer configured."""
+        changed) or gone (absent from the first whole tick since the start): another
+        replica diagnoses them now, or nothing ever will, so this one resolves its alerts
+        for them and forgets them, as for a target no longer configured."""
         store, notifier = self._store, self._notifier
-        if store is None or self.source.shard.count == 1:
+        if store is None:
             return
         alerted: set[str] = set()
         if notifier is not None:
@@ -255,8 +257,15 @@ class PrometheusSource:
         if not foreign:
             return
         with store.batch():
+            # One replica: a server absent from a whole tick is gone. Several: it is
+            # another's, or gone (which, no replica can tell from its absence alone).
+            event = (
+                "fleet_server_gone"
+                if self.source.shard.count == 1
+                else "fleet_server_now_another_shards"
+            )
             for name in sorted(foreign):
-                self._chorus.warning("fleet_server_now_another_shards", target=name)
+                self._chorus.warning(event, target=name)
                 if name in store.restored.incidents:
                     store.save_incidents(name, ())
                     del store.restored.incidents[name]
@@ -691,9 +700,8 @@ class PrometheusSource:
         window = self.parts.window_seconds
         min_obs = self.parts.min_observations
         join = tuple(self.source.dcgm.join)
-        owned = self._bounded_fleet(
-            {n: s for n, s in fleet.servers.items() if s.piece != UNLABELLED or self.owns(n)}
-        )
+        mine = {n: s for n, s in fleet.servers.items() if s.piece != UNLABELLED or self.owns(n)}
+        owned = self._bounded_fleet(mine)
         self.seen, self.owned = len(fleet.servers), len(owned)
         why = self._cannot_tell(fleet, owned, tick)
         self._say_cannot_tell(why, tick, fleet)
@@ -705,7 +713,9 @@ class PrometheusSource:
                     target.failed("absent", "no series for this server in the query API")
             if not self._released:
                 self._released = True
-                self._release(lambda name: name not in owned)
+                # Not ``owned``: a server left out by ``max_servers`` is neither gone nor
+                # another's, and its alerts stand.
+                self._release(lambda name: name not in mine)
         for name, server in sorted(owned.items()):
             if not server.models or name in why:
                 continue  # only a KV pool so far, or answers that may miss data

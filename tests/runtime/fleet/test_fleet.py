@@ -634,17 +634,7 @@ class TestTicks:
         fake = Fake()
         fake.servers = {f"s{i}:8000": "kv_pressure" for i in range(6)}
         with query_api(fake) as url:
-            one = fleet_settings(url, top={"state_dir": str(tmp_path)})
-            store = StateStore.open(tmp_path)
-            assert store is not None
-            run_ticks(
-                one, warm(fake, [NOW - 60 + STEP * i for i in range(13)]), fake=fake, store=store
-            )
-            store.close()
-            store = StateStore.open(tmp_path)
-            assert store is not None
-            before = set(store.restored.incidents)
-            assert len(before) == 6
+            store, before = fired_and_restored(fake, url, tmp_path)
             half = fleet_settings(url, shard={"index": 0, "count": 2})
             source = run_ticks(half, warm(fake, [NOW + STEP]), fake=fake, store=store)
             mine = {n for n in before if shard_of(n, 2) == 0}
@@ -652,10 +642,74 @@ class TestTicks:
             assert set(source.targets) == mine
             assert store.restored.incidents == {}
             store.close()
-        store = StateStore.open(tmp_path)
-        assert store is not None
+        store = reopened(tmp_path)
         assert set(store.restored.incidents) == mine  # the others' records are gone
         store.close()
+
+    def test_one_replica_lets_go_of_restored_incidents_of_servers_gone(
+        self, tmp_path: Path
+    ) -> None:
+        """Before: with one replica, the incidents and alerts of servers gone while the
+        daemon was down were restored and kept for ever (their alerts re-sent, nothing to
+        resolve them). Now the first whole tick tells them gone: their records are
+        forgotten and their alerts resolved; the servers still there keep theirs."""
+        fake = Fake()
+        fake.servers = {f"s{i}:8000": "kv_pressure" for i in range(4)}
+        with query_api(fake) as url:
+            one = fleet_settings(url, top={"state_dir": str(tmp_path)})
+            store, before = fired_and_restored(fake, url, tmp_path)
+            gone = {"vllm/s0:8000", "vllm/s3:8000"}
+            del fake.servers["s0:8000"], fake.servers["s3:8000"]
+            with capture_logs() as logs:
+                source = run_ticks(one, warm(fake, [NOW + STEP]), fake=fake, store=store)
+            assert set(source.targets) == before - gone
+            store.close()
+        (line,) = [e for e in logs if e.get("event") == "fleet_server_gone"]
+        assert line["parts"] == 2 and {p["target"] for p in line["first"]} == gone
+        store = reopened(tmp_path)
+        assert set(store.restored.incidents) == before - gone
+        assert {a.labels["target"] for a in store.restored.alerts.values()} == before - gone
+        store.close()
+
+    def test_servers_left_out_by_max_servers_keep_their_restored_incidents(
+        self, tmp_path: Path
+    ) -> None:
+        """A server past ``max_servers`` is in the answers: neither gone nor another
+        replica's, so the first whole tick lets go of nothing of it."""
+        fake = Fake()
+        fake.servers = {f"s{i}:8000": "kv_pressure" for i in range(4)}
+        with query_api(fake) as url:
+            store, before = fired_and_restored(fake, url, tmp_path)
+            two = fleet_settings(url, max_servers=2, top={"state_dir": str(tmp_path)})
+            source = run_ticks(two, warm(fake, [NOW + STEP]), fake=fake, store=store)
+            assert len(source.targets) == 2 and source.api.state.servers_left_out == 2
+            store.close()
+        store = reopened(tmp_path)
+        assert set(store.restored.incidents) == before
+        assert {a.labels["target"] for a in store.restored.alerts.values()} == before
+        store.close()
+
+
+def fired_and_restored(fake: Fake, url: str, tmp_path: Path) -> tuple[StateStore, set[str]]:
+    """Every server of ``fake`` firing in a state directory, then the store opened again
+    as a restarted daemon opens it: the store, and the servers with restored incidents."""
+    every = fleet_settings(url, top={"state_dir": str(tmp_path)})
+    store = StateStore.open(tmp_path)
+    assert store is not None
+    run_ticks(every, warm(fake, [NOW - 60 + STEP * i for i in range(13)]), fake=fake, store=store)
+    store.close()
+    store = StateStore.open(tmp_path)
+    assert store is not None
+    before = set(store.restored.incidents)
+    assert len(before) == len(fake.servers)
+    assert {a.labels["target"] for a in store.restored.alerts.values()} == before
+    return store, before
+
+
+def reopened(tmp_path: Path) -> StateStore:
+    store = StateStore.open(tmp_path)
+    assert store is not None
+    return store
 
 
 class TestHostileAnswers:
