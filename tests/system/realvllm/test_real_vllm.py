@@ -94,21 +94,20 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("vllm-logs")
 
 
-def induce(server: Server, mode: str, out: Path) -> Path:
-    """Record the server while ``mode`` traffic runs; returns the recording directory."""
+def induce(server: Server, mode: str, out: Path, seconds: float = LOAD_SECONDS) -> Path:
+    """Record the server while ``mode`` traffic runs for ``seconds``; returns the
+    recording directory."""
     rec = out / mode
     recorder = subprocess.Popen(
         [str(COMMAND), "record", server.metrics_url, "--out", str(rec), "--interval", "1",
-         "--duration", str(LOAD_SECONDS + 8)],
+         "--duration", str(seconds + 8)],
         stdout=subprocess.DEVNULL,
         stderr=(out / f"record-{mode}.log").open("wb"),
     )  # fmt: skip
     try:
         time.sleep(3)  # a few idle scrapes first: the baseline
-        ok, failed, errors = asyncio.run(
-            loadgen.run(server.base_url, "tiny-llama", mode, LOAD_SECONDS)
-        )
-        recorder.wait(timeout=LOAD_SECONDS + 120)
+        ok, failed, errors = asyncio.run(loadgen.run(server.base_url, "tiny-llama", mode, seconds))
+        recorder.wait(timeout=seconds + 120)
     finally:
         if recorder.poll() is None:
             recorder.kill()
@@ -135,6 +134,29 @@ def transitions(rec: Path, config: Path = CONFIG) -> list[Transition]:
 def fired(rec: Path, config: Path = CONFIG) -> list[str]:
     """Causes that fired, in order, when the recording is replayed with ``config``."""
     return [t.cause for t in transitions(rec, config) if t.event == "firing"]
+
+
+def itl_p99_most(rec: Path, config: Path = CONFIG) -> float:
+    """The highest ITL p99 of any window of the recording, replayed with ``config``."""
+    seen = [
+        q.value
+        for item in replay(rec, build_evaluator(load_settings(config)))
+        if isinstance(item, Evaluation)
+        for s in item.signals.values()
+        if (q := s.itl_p99) is not None
+    ]
+    assert seen, "no window of the recording had enough tokens for an ITL p99"
+    return max(seen)
+
+
+def with_itl_slo(config: Path, seconds: float, out: Path) -> Path:
+    """``config`` with its ITL p99 SLO set to ``seconds``."""
+    text = config.read_text()
+    line = next(x for x in text.splitlines() if x.strip().startswith("itl_p99_seconds:"))
+    indent = line[: len(line) - len(line.lstrip())]
+    written = out / "triage-itl.yaml"
+    written.write_text(text.replace(line, f"{indent}itl_p99_seconds: {seconds:.4f}", 1))
+    return written
 
 
 def start_recorder(
@@ -353,8 +375,18 @@ class TestStandardServer:
         assert fired(induce(standard, "prefill", tmp_path))[:1] == ["prefill_bound"]
 
     def test_long_generations_are_decode_bound(self, standard: Server, tmp_path: Path) -> None:
-        """96 streams of long generations past the ITL SLO: decode_bound."""
-        assert fired(induce(standard, "decode", tmp_path))[:1] == ["decode_bound"]
+        """96 streams of long generations past the ITL SLO: decode_bound.
+
+        The SLO is the suite's (0.07 s), or twice the ITL one stream gets on this machine
+        just before, where that is lower: a quiet, fast machine decoded the 96 streams at
+        an ITL p99 of 0.05 to 0.068 s (one stream: 0.0099 s), under the suite's SLO, so
+        nothing breached. The verdict is then about what the load does to the ITL on this
+        machine (a batch of 96 costs each token several times one stream's step), not
+        about how fast the machine is."""
+        single = itl_p99_most(induce(standard, "light", tmp_path, seconds=15))
+        slo = min(load_settings(CONFIG).slo.itl_p99_seconds, 2 * single)
+        config = with_itl_slo(CONFIG, slo, tmp_path)
+        assert fired(induce(standard, "decode", tmp_path), config)[:1] == ["decode_bound"]
 
     def test_a_stopped_engine_is_stalled(self, standard: Server, tmp_path: Path) -> None:
         """8 decoding streams, then the EngineCore process is stopped (SIGSTOP) for a
