@@ -88,7 +88,6 @@ class Evaluator:
         #: The scrapes' window, made at the first (``window``): fleet mode's targets are
         #: judged from signals windowed elsewhere, and never hold one.
         self._window: Window | None = None
-        self._min_observations = rulebook.thresholds.min_observations
         self.incidents = IncidentTracker(
             open_after=open_after,
             resolve_after=resolve_after,
@@ -116,7 +115,9 @@ class Evaluator:
     def window(self) -> Window:
         """The window the scrapes are read in (``step``)."""
         if self._window is None:
-            self._window = Window(self.window_seconds, min_observations=self._min_observations)
+            self._window = Window(
+                self.window_seconds, min_observations=self.rulebook.thresholds.min_observations
+            )
         return self._window
 
     @property

@@ -22,7 +22,7 @@ from array import array
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from vllm_triage.core.engines import balance_means
 from vllm_triage.core.model import (
@@ -336,17 +336,24 @@ def _finite(raw: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-#: Each histogram's name, the keys of its sum and count, and whether its buckets are asked.
+class _Field(NamedTuple):
+    """A histogram the queries read: its name, its sum's and count's keys, and whether
+    its buckets are asked (made once, not a string a server and tick)."""
+
+    name: str
+    sum_key: str
+    count_key: str
+    buckets: bool
+
+
 _HISTOGRAMS = tuple(
-    (name, f"{name}_sum", f"{name}_count", name in BUCKET_FIELDS) for name in HISTOGRAM_FIELDS
+    _Field(name, f"{name}_sum", f"{name}_count", name in BUCKET_FIELDS) for name in HISTOGRAM_FIELDS
 )
 
 
-def _histogram(
-    name: str, m: _Model, problems: list[str], *, buckets: bool, keys: tuple[str, str]
-) -> Histogram | None:
-    """One histogram's window (``keys``: its sum's and count's, ``_HISTOGRAMS``)."""
-    total, count = m.values.get(keys[0]), m.values.get(keys[1])
+def _histogram(h: _Field, m: _Model, problems: list[str]) -> Histogram | None:
+    name, buckets = h.name, h.buckets
+    total, count = m.values.get(h.sum_key), m.values.get(h.count_key)
     if (total is not None and total < 0) or (count is not None and count < 0):
         # Durations and token counts only grow: a negative increase is a peer's series
         # gone wrong (the parser refuses the same), never a mean below zero.
@@ -392,10 +399,10 @@ def totals(
     runtime = spec.runtime if spec is not None else REFERENCE
     snapshots = int(v.get("snapshots", 0))
     hists: dict[str, Histogram] = {}
-    for name, sum_key, count_key, buckets in _HISTOGRAMS:
-        h = _histogram(name, m, server.problems, buckets=buckets, keys=(sum_key, count_key))
+    for field_ in _HISTOGRAMS:
+        h = _histogram(field_, m, server.problems)
         if h is not None:
-            hists[name] = h
+            hists[field_.name] = h
     return WindowTotals(
         model_name=model_name,
         at=at,

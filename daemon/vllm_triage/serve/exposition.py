@@ -46,14 +46,18 @@ GZIP_LEVEL = 1
 def number(value: float) -> str:
     """A sample's value as prometheus_client writes it (its ``floatToGoString``)."""
     d = float(value)
+    s = repr(d)
+    dot = s.find(".")
+    if -1 < dot <= 6:
+        # The common value (finite, its point among the first seven characters), as
+        # Python writes it: half a million a scrape at 10,000 servers.
+        return s
     if d == math.inf:
         return "+Inf"
     if d == -math.inf:
         return "-Inf"
     if math.isnan(d):
         return "NaN"
-    s = repr(d)
-    dot = s.find(".")
     # Go switches to exponents sooner than Python (for positive values).
     if d > 0 and dot > 6:
         mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1 :]}".rstrip("0.")
@@ -172,18 +176,10 @@ def _rows(metric: _Compact, out: list[str]) -> Iterator[str]:
         if len(out) >= CHUNK_LINES:
             yield "".join(out)
             out.clear()
-        # ``number`` written out for the common value (finite, its point among the first
-        # seven characters), which it returns as Python writes it: half a million a scrape.
-        text = repr(float(v))
-        if not -1 < text.find(".") <= 6:
-            text = number(v)
-        if special is None and sorted_already:
-            out.append(template % (*labels, text))
-            continue
-        values = list(labels) if sorted_already else [labels[i] for i in order]
+        values = labels if sorted_already else [labels[i] for i in order]
         if special is not None and _SPECIAL.search("".join(values)):
             values = [_escaped(x) for x in values]
-        out.append(template % (*values, text))
+        out.append(template % (*values, number(v)))
     yield "".join(out)
 
 
