@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +40,7 @@ from vllm_triage.whatif.window import read_window
 
 from support.clirun import COMMAND, HANG_S, vllm_triage
 from support.daemonproc import GOOD, SECRET, body
+from support.harness import wait_for
 from support.localserver import serving
 from support.paths import REALVLLM, RECORDINGS
 
@@ -214,10 +214,14 @@ def test_a_killed_run_leaves_no_temporary_folder(tmp_path: Path, sig: signal.Sig
     with serving(body(GOOD)) as server:
         proc = whatif_watching(tmp_path, server.url("/metrics"))
         try:
-            deadline = time.monotonic() + HANG_S  # a guard against a hang, not a measure
-            while not list(tmp_path.glob("vllm-triage-whatif-*/*.prom")):
-                assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
-                time.sleep(0.1)
+            # A guard against a hang, not a measure: the first scrape kept, or the end.
+            kept = "vllm-triage-whatif-*/*.prom"
+            wait_for(
+                lambda: list(tmp_path.glob(kept)) or proc.poll() is not None,
+                timeout=HANG_S,
+                every=0.1,
+            )
+            assert proc.poll() is None, proc.stderr
             proc.send_signal(sig)
             _, err = proc.communicate(timeout=HANG_S)
         finally:

@@ -202,9 +202,11 @@ def test_an_endless_receiver_answer_is_read_64_kib_at_most(receiver_run: Receive
     assert r.sent >= 1, "the delivery to the endless receiver never completed"
     assert r.peak_mb < 150, f"peak RSS {r.peak_mb:.0f} MB"
     assert not restarted(r.latencies), f"/healthz: {r.latencies}"
-    # Delivered: its status came within the attempt's bound, not after an endless read.
-    took = [e["took_s"] for e in r.logs if e.get("event") == "notification_sent"]
-    assert took and min(took) < ENDLESS_TIMEOUT_S, took
+    # Delivered on its status, not after an endless read: the receiver got out no more
+    # than the 64 KiB read and what the sockets' buffers hold (megabytes), where reading
+    # on would have taken gigabytes.
+    assert any(e.get("event") == "notification_sent" for e in r.logs)
+    assert r.endless.pushed < 64 * 2**20, r.endless.pushed
 
 
 def test_a_receiver_redirect_is_a_failed_delivery_that_names_the_fix(

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from vllm_triage.assemble import build_evaluator
 from vllm_triage.config.load import load_settings
@@ -122,13 +123,16 @@ def induce(server: Server, mode: str, out: Path, seconds: float = LOAD_SECONDS) 
     return rec
 
 
-def transitions(rec: Path, config: Path = CONFIG) -> list[Transition]:
-    """Every transition, in order, when the recording is replayed with ``config``."""
-    out: list[Transition] = []
+def evaluations(rec: Path, config: Path = CONFIG) -> Iterator[Evaluation]:
+    """Each evaluation, in order, when the recording is replayed with ``config``."""
     for item in replay(rec, build_evaluator(load_settings(config))):
         assert isinstance(item, Evaluation), item
-        out += item.transitions
-    return out
+        yield item
+
+
+def transitions(rec: Path, config: Path = CONFIG) -> list[Transition]:
+    """Every transition, in order, when the recording is replayed with ``config``."""
+    return [t for item in evaluations(rec, config) for t in item.transitions]
 
 
 def fired(rec: Path, config: Path = CONFIG) -> list[str]:
@@ -140,8 +144,7 @@ def itl_p99_most(rec: Path, config: Path = CONFIG) -> float:
     """The highest ITL p99 of any window of the recording, replayed with ``config``."""
     seen = [
         q.value
-        for item in replay(rec, build_evaluator(load_settings(config)))
-        if isinstance(item, Evaluation)
+        for item in evaluations(rec, config)
         for s in item.signals.values()
         if (q := s.itl_p99) is not None
     ]
@@ -151,11 +154,10 @@ def itl_p99_most(rec: Path, config: Path = CONFIG) -> float:
 
 def with_itl_slo(config: Path, seconds: float, out: Path) -> Path:
     """``config`` with its ITL p99 SLO set to ``seconds``."""
-    text = config.read_text()
-    line = next(x for x in text.splitlines() if x.strip().startswith("itl_p99_seconds:"))
-    indent = line[: len(line) - len(line.lstrip())]
+    doc = yaml.safe_load(config.read_text())
+    doc["slo"]["itl_p99_seconds"] = round(seconds, 4)
     written = out / "triage-itl.yaml"
-    written.write_text(text.replace(line, f"{indent}itl_p99_seconds: {seconds:.4f}", 1))
+    written.write_text(yaml.safe_dump(doc))
     return written
 
 
